@@ -1,0 +1,111 @@
+"""Compile a TFLite model for aarch64 and run it on a device.
+
+The path a model takes, in order:
+
+    .tflite --import_tflite--> Relax IRModule (QDQ: dequantize -> float op -> quantize)
+            --compile_tflite--> Relax VM executable for an aarch64 target
+            --export_aarch64--> shared library cross-linked with aarch64-linux-gnu-g++
+            --run_on_device--> outputs, from the Relax VM on an RPC device
+
+Everything here is plain TVM 0.27 API; what tvm_armq changes about the code
+that ``tvm.compile`` produces for aarch64 comes from its hooks, not from here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from .targets import UnknownIsaError, target as preset
+from .tflite_model import TFLiteModel
+
+CROSS_CXX = "aarch64-linux-gnu-g++"
+
+
+def resolve_target(target):
+    """A ``tvm.target.Target`` from a preset name, a JSON dict, or a Target."""
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and not target.lstrip().startswith("{"):
+        try:
+            return tvm.target.Target(preset(target))
+        except UnknownIsaError:
+            if " " not in target and target not in ("llvm", "c"):
+                raise
+    return tvm.target.Target(target)
+
+
+def import_tflite(model) -> "tvm.IRModule":
+    """The Relax module of a TFLite model, as TVM's TFLite frontend imports it."""
+    from tvm.relax.frontend.tflite import from_tflite
+
+    m = TFLiteModel.load(model)
+    mod = from_tflite(m.flatbuffer())
+    return mod[0] if isinstance(mod, tuple) else mod
+
+
+def compile_tflite(model, target):
+    """Import a TFLite model and ``tvm.compile`` it for ``target``; returns the executable."""
+    import tvm
+
+    return tvm.compile(import_tflite(model), target=resolve_target(target))
+
+
+def is_aarch64(target) -> bool:
+    t = resolve_target(target)
+    return "aarch64" in str(t.attrs.get("mtriple", ""))
+
+
+def export_aarch64(executable, path: str | os.PathLike) -> Path:
+    """Write ``executable`` as an aarch64 shared library, cross-linked, loadable on a board."""
+    from tvm.support import cc
+
+    if not shutil.which(CROSS_CXX):
+        raise RuntimeError(f"{CROSS_CXX} not found: install Debian's g++-aarch64-linux-gnu "
+                           "(or run `python -m tvm_armq device provision`)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    executable.export_library(str(path), fcompile=cc.cross_compiler(CROSS_CXX))
+    return path
+
+
+def _to_numpy(value) -> list[np.ndarray]:
+    """The VM's result (one tensor or a tuple of them) as a flat list of arrays."""
+    if hasattr(value, "numpy"):
+        return [value.numpy()]
+    out = []
+    for v in value:
+        out += _to_numpy(v)
+    return out
+
+
+def run_on_device(session, library: str | os.PathLike, inputs: list[np.ndarray],
+                  entry: str = "main") -> list[np.ndarray]:
+    """Upload ``library`` to an RPC ``session``, run ``entry`` in the Relax VM, fetch outputs."""
+    import tvm
+    from tvm.runtime.vm import VirtualMachine
+
+    library = Path(library)
+    session.upload(str(library))
+    rlib = session.load_module(library.name)
+    dev = session.cpu(0)
+    vm = VirtualMachine(rlib, dev)
+    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
+    return _to_numpy(vm[entry](*args))
+
+
+def compile_and_run(model, level: str, session, inputs: list[np.ndarray] | None = None,
+                    workdir: str | os.PathLike | None = None) -> list[np.ndarray]:
+    """Compile ``model`` for ISA ``level``, run it on ``session``, return the outputs."""
+    m = TFLiteModel.load(model)
+    if inputs is None:
+        inputs = m.random_inputs()
+    with tempfile.TemporaryDirectory(dir=workdir) as tmp:
+        lib = export_aarch64(compile_tflite(m, level), Path(tmp) / "model.so")
+        return run_on_device(session, lib, inputs)

@@ -1,0 +1,92 @@
+"""ISA levels and aarch64 target presets.
+
+tvm_armq thinks of Arm CPUs in three *ISA levels*, ordered from the most
+portable to the fastest int8 instruction they offer:
+
+    level     int8 instruction it adds        emulated CPU (qemu-user)   example cores
+    -------   -----------------------------   ------------------------   -------------------
+    neon      umull/smull + uadalp (Armv8.0)  cortex-a72                 Cortex-A53/A72
+    dotprod   sdot/udot (Armv8.2 +dotprod)    neoverse-n1                Cortex-A76, Neoverse-N1
+    i8mm      smmla/ummla (Armv8.6 +i8mm)     max,sve=off,sme=off        Neoverse-N2/V2, Cortex-X2
+
+Each level is one ``IsaLevel`` record: the TVM target that compiles code for it
+and the qemu CPU model that runs that code (and only that code: an instruction
+the level lacks dies with SIGILL under that CPU, as it would on silicon).
+
+``target(name)`` returns a JSON target dict for a level or for a named core.
+The i8mm level deliberately has no ``mcpu``: an ``mcpu`` such as neoverse-n2
+turns SVE on, and the emulated i8mm CPU has SVE off.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+AARCH64_TRIPLE = "aarch64-linux-gnu"
+
+
+@dataclasses.dataclass(frozen=True)
+class IsaLevel:
+    """One rung of the ISA ladder: how to compile for it and how to emulate it."""
+
+    name: str
+    qemu_cpu: str  # value for qemu-aarch64 -cpu / QEMU_CPU
+    mcpu: str | None  # LLVM -mcpu, only where it cannot switch on features the level lacks
+    mattr: tuple[str, ...]  # LLVM -mattr
+    summary: str
+
+    def target(self) -> dict:
+        """The TVM target (JSON dict form) that compiles code for this level."""
+        t = {"kind": "llvm", "mtriple": AARCH64_TRIPLE}
+        if self.mcpu:
+            t["mcpu"] = self.mcpu
+        if self.mattr:
+            t["mattr"] = list(self.mattr)
+        return t
+
+
+# Ordered from the portable baseline to the richest level.
+LEVELS: dict[str, IsaLevel] = {
+    lvl.name: lvl
+    for lvl in (
+        IsaLevel("neon", "cortex-a72", "cortex-a72", ("+neon",), "Armv8.0 Advanced SIMD"),
+        IsaLevel("dotprod", "neoverse-n1", "neoverse-n1", ("+neon", "+dotprod"),
+                 "Armv8.2 with the dot-product extension"),
+        IsaLevel("i8mm", "max,sve=off,sme=off", None,
+                 ("+v8.6a", "+neon", "+dotprod", "+i8mm", "+bf16"),
+                 "Armv8.6 with int8 and bf16 matrix multiply"),
+    )
+}
+
+# Named cores map onto a level, with the core's own mcpu where that is safe.
+_CORES: dict[str, tuple[str, dict]] = {
+    "cortex-a53": ("neon", {"mcpu": "cortex-a53"}),
+    "cortex-a72": ("neon", {"mcpu": "cortex-a72"}),
+    "cortex-a76": ("dotprod", {"mcpu": "cortex-a76"}),
+    "neoverse-n1": ("dotprod", {"mcpu": "neoverse-n1"}),
+}
+
+
+class UnknownIsaError(ValueError):
+    """Raised for an ISA level or core name tvm_armq does not know."""
+
+
+def level(name: str) -> IsaLevel:
+    """The ``IsaLevel`` called ``name``; a clear error naming the valid levels otherwise."""
+    try:
+        return LEVELS[name]
+    except KeyError:
+        raise UnknownIsaError(
+            f"unknown ISA level {name!r}: expected one of {', '.join(LEVELS)}") from None
+
+
+def target(name: str) -> dict:
+    """JSON target dict for an ISA level (``neon``, ``dotprod``, ``i8mm``) or a named core."""
+    if name in LEVELS:
+        return LEVELS[name].target()
+    if name in _CORES:
+        lvl, extra = _CORES[name]
+        return {**LEVELS[lvl].target(), **extra}
+    raise UnknownIsaError(
+        f"unknown target preset {name!r}: expected an ISA level ({', '.join(LEVELS)}) "
+        f"or a core ({', '.join(_CORES)})")

@@ -1,0 +1,105 @@
+"""TFLite models: loading, checking, reference outputs, test inputs.
+
+``TFLiteModel`` is a .tflite flatbuffer read once and checked once: the bytes,
+the parsed ``tflite.Model`` that TVM's Relax frontend imports, and the
+input/output signature. ``reference_outputs`` runs the model in TFLite itself
+(ai-edge-litert on the host). By default it asks for TFLite's *reference*
+kernels (``BUILTIN_REF``): they define what a quantized op means, whereas the
+optimized and XNNPACK kernels may round a requantization differently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import numpy as np
+
+
+class ModelError(ValueError):
+    """The file is missing or is not a TFLite model; the message says which."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+@dataclasses.dataclass(frozen=True)
+class TFLiteModel:
+    path: Path | None
+    data: bytes
+
+    @classmethod
+    def load(cls, model: "str | os.PathLike | bytes | TFLiteModel") -> "TFLiteModel":
+        """Read and check a .tflite file (or bytes). Raises ``ModelError`` otherwise."""
+        if isinstance(model, TFLiteModel):
+            return model
+        if isinstance(model, (bytes, bytearray)):
+            m = cls(None, bytes(model))
+        else:
+            path = Path(model)
+            if not path.is_file():
+                raise ModelError(f"{path}: no such file")
+            m = cls(path, path.read_bytes())
+        # A TFLite flatbuffer carries the file identifier "TFL3" at bytes 4..8.
+        if len(m.data) < 8 or m.data[4:8] != b"TFL3":
+            raise ModelError(f"{m.label}: not a TFLite model (no TFL3 flatbuffer identifier)")
+        return m
+
+    @property
+    def label(self) -> str:
+        return str(self.path) if self.path else "<tflite bytes>"
+
+    def flatbuffer(self):
+        """The parsed ``tflite.Model`` that ``tvm.relax.frontend.tflite.from_tflite`` takes."""
+        import tflite
+
+        return tflite.Model.GetRootAsModel(self.data, 0)
+
+    def _interpreter(self, reference_kernels: bool):
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        kind = OpResolverType.BUILTIN_REF if reference_kernels else OpResolverType.AUTO
+        it = Interpreter(model_content=self.data, experimental_op_resolver_type=kind,
+                         num_threads=1)
+        it.allocate_tensors()
+        return it
+
+    def signature(self) -> tuple[list[TensorInfo], list[TensorInfo]]:
+        it = self._interpreter(reference_kernels=True)
+
+        def info(details):
+            return [TensorInfo(d["name"], tuple(int(s) for s in d["shape"]),
+                               np.dtype(d["dtype"]).name) for d in details]
+
+        return info(it.get_input_details()), info(it.get_output_details())
+
+    def random_inputs(self, seed: int = 0) -> list[np.ndarray]:
+        """Inputs covering the whole range of each input's dtype, reproducible by ``seed``."""
+        rng = np.random.default_rng(seed)
+        out = []
+        for t in self.signature()[0]:
+            dt = np.dtype(t.dtype)
+            if np.issubdtype(dt, np.integer):
+                info = np.iinfo(dt)
+                out.append(rng.integers(info.min, info.max, size=t.shape, endpoint=True,
+                                        dtype=dt))
+            else:
+                out.append(rng.uniform(-1.0, 1.0, size=t.shape).astype(dt))
+        return out
+
+    def reference_outputs(self, inputs: list[np.ndarray], *,
+                          reference_kernels: bool = True) -> list[np.ndarray]:
+        """Run the model in TFLite on the host and return its outputs in order."""
+        it = self._interpreter(reference_kernels)
+        ins = it.get_input_details()
+        if len(inputs) != len(ins):
+            raise ValueError(f"{self.label} takes {len(ins)} inputs, got {len(inputs)}")
+        for d, x in zip(ins, inputs):
+            it.set_tensor(d["index"], np.asarray(x, dtype=d["dtype"]))
+        it.invoke()
+        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
