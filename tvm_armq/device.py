@@ -269,7 +269,8 @@ class Endpoint:
 
 # ------------------------------------------------------------ running servers
 def _run_dir() -> Path:
-    d = home() / "run"
+    """Where running devices are recorded (pid, port) and log; ``TVM_ARMQ_RUN_DIR`` overrides."""
+    d = Path(os.environ.get("TVM_ARMQ_RUN_DIR", home() / "run"))
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -334,7 +335,7 @@ class Device:
                 if not self.alive():
                     break
                 time.sleep(0.1)
-        _state_file(self.level).unlink(missing_ok=True)
+        _state_file(self.level, self.endpoint.port).unlink(missing_ok=True)
 
     def to_json(self) -> dict:
         return {"level": self.level, "host": self.endpoint.host, "port": self.endpoint.port,
@@ -347,8 +348,8 @@ class Device:
                    Path(d["log"]), d.get("tracker"))
 
 
-def _state_file(level_name: str) -> Path:
-    return _run_dir() / f"{level_name}.json"
+def _state_file(level_name: str, port: int) -> Path:
+    return _run_dir() / f"{level_name}-{port}.json"
 
 
 def _log_tail(path: Path, n: int = 3000) -> str:
@@ -374,8 +375,8 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
                           "`python -m tvm_armq device provision` (as root)")
     port = _free_port(host, port or DEFAULT_PORTS[lvl.name])
     log = _run_dir() / f"{lvl.name}-{port}.log"
-    args = ["-m", "tvm.exec.rpc_server", "--host", host, "--port", str(port),
-            "--port-end", str(port + 1)]
+    server = Path(__file__).with_name("_guest_rpc_server.py")
+    args = [str(server), "--host", host, "--port", str(port), "--port-end", str(port + 1)]
     if tracker:
         key = key or f"armq-{lvl.name}"
         args += ["--tracker", tracker, "--key", key]
@@ -400,30 +401,35 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
             break
         except Exception:  # not listening yet
             time.sleep(1.0)
-    _state_file(lvl.name).write_text(json.dumps(dev.to_json()))
+    _state_file(lvl.name, port).write_text(json.dumps(dev.to_json()))
     return dev
 
 
+def instances(level_name: str) -> list[Device]:
+    """The devices of ``level_name`` started by ``start`` (in any process) that still run."""
+    alive = []
+    for f in sorted(_run_dir().glob(f"{_level(level_name).name}-*.json")):
+        dev = Device.from_json(json.loads(f.read_text()))
+        if dev.alive():
+            alive.append(dev)
+        else:  # died or was killed without `stop`: forget it
+            f.unlink(missing_ok=True)
+    return alive
+
+
 def running(level_name: str) -> Device | None:
-    """The device of ``level_name`` started by ``start`` (by any process), if it still runs."""
-    f = _state_file(_level(level_name).name)
-    if not f.exists():
-        return None
-    dev = Device.from_json(json.loads(f.read_text()))
-    if dev.alive():
-        return dev
-    f.unlink(missing_ok=True)
-    return None
+    """A running device of ``level_name``, if there is one."""
+    devs = instances(level_name)
+    return devs[0] if devs else None
 
 
 def stop(level_name: str) -> bool:
-    """Stop the running device of ``level_name``; False if none was running."""
-    dev = running(level_name)
-    if dev is None:
-        return False
-    dev.stop()
-    return True
+    """Stop every running device of ``level_name``; False if none was running."""
+    devs = instances(level_name)
+    for dev in devs:
+        dev.stop()
+    return bool(devs)
 
 
-def status() -> dict[str, Device | None]:
-    return {name: running(name) for name in LEVELS}
+def status() -> dict[str, list[Device]]:
+    return {name: instances(name) for name in LEVELS}

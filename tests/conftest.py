@@ -1,0 +1,80 @@
+"""Shared test fixtures: the aarch64 devices and the test models.
+
+Devices are started lazily, once per test session and per ISA level, the first
+time a test asks for one, and always stopped at the end. A device that cannot
+start fails the tests that need it with the reason (never a skip, never a hang:
+``device.start`` gives up after ``START_TIMEOUT``).
+
+To run the same tests on real boards, point a level at one:
+``TVM_ARMQ_DEVICE_I8MM=host:port`` (or ``tracker_host:port:key``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tvm_armq import device as dev_mod
+from tvm_armq.targets import LEVELS
+
+
+class Devices:
+    """One device per ISA level, started on first use, stopped at the end of the session."""
+
+    def __init__(self):
+        self._started: dict[str, dev_mod.Device] = {}
+        self._endpoints: dict[str, dev_mod.Endpoint] = {}
+        self._failed: dict[str, str] = {}
+
+    def endpoint(self, level: str) -> dev_mod.Endpoint:
+        if level in self._failed:
+            pytest.fail(self._failed[level], pytrace=False)
+        if level not in self._endpoints:
+            override = os.environ.get(f"TVM_ARMQ_DEVICE_{level.upper()}")
+            try:
+                if override:
+                    self._endpoints[level] = dev_mod.Endpoint.parse(override)
+                else:
+                    d = dev_mod.start(level)
+                    self._started[level] = d
+                    self._endpoints[level] = d.endpoint
+            except Exception as e:  # noqa: BLE001 - reported as the tests' failure
+                self._failed[level] = f"the {level} device could not start: {e}"
+                pytest.fail(self._failed[level], pytrace=False)
+        return self._endpoints[level]
+
+    def session(self, level: str):
+        """A new RPC session (its own worker process) on the level's device."""
+        return self.endpoint(level).connect()
+
+    def log(self, level: str):
+        """The emulated device's log file, or None for a real board."""
+        d = self._started.get(level)
+        return d.log if d else None
+
+    def stop_all(self):
+        for d in self._started.values():
+            d.stop()
+        self._started.clear()
+
+
+@pytest.fixture(scope="session")
+def devices():
+    ds = Devices()
+    yield ds
+    ds.stop_all()
+
+
+@pytest.fixture(params=list(LEVELS))
+def level(request) -> str:
+    """Each ISA level in turn."""
+    return request.param
+
+
+@pytest.fixture(scope="session")
+def zoo_model():
+    """``zoo_model(name)`` -> path of the test model, built once and cached."""
+    from tvm_armq import zoo
+
+    return zoo.build

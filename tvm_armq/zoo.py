@@ -1,0 +1,700 @@
+"""Deterministic zoo of small int8 TFLite models used to exercise the TVM flow.
+
+What models exist
+-----------------
+Single-op models (one TFLite operator each, full-integer int8, batch 1):
+
+  conv2d_1x1        CONV_2D 1x1, 1x16x16x8 -> 16 ch, bias, fused ReLU
+  conv2d_3x3        CONV_2D 3x3 SAME, 1x16x16x8 -> 16 ch, bias, fused ReLU
+  conv2d_3x3_s2     CONV_2D 3x3 SAME stride 2, 1x16x16x8 -> 1x8x8x16, bias, no activation
+  conv2d_3x3_d2     CONV_2D 3x3 SAME dilation 2, 1x16x16x8 -> 16 ch, bias, fused ReLU6
+  conv2d_grouped    CONV_2D 3x3 SAME with groups=2: the filter is 16x3x3x4 while the
+                    input has 8 channels (TFLite expresses grouping only through that
+                    shape mismatch; there is no "groups" attribute), bias, fused ReLU
+  depthwise_3x3     DEPTHWISE_CONV_2D 3x3 SAME, 1x16x16x16, multiplier 1, bias, fused ReLU
+  depthwise_3x3_s2  DEPTHWISE_CONV_2D 3x3 SAME stride 2, 1x16x16x16 -> 1x8x8x16, fused ReLU6
+  fully_connected   FULLY_CONNECTED 1x256 -> 1x16, bias, fused ReLU
+  add               ADD of two 1x16x16x8 inputs calibrated on different ranges (so the
+                    two operand scales differ), fused ReLU
+  avg_pool          AVERAGE_POOL_2D 3x3 stride 2 SAME (edge windows average fewer pixels)
+  max_pool          MAX_POOL_2D 2x2 stride 2 VALID
+  concat            CONCATENATION on channels of two 1x16x16x8 inputs; the converter
+                    gives both inputs and the output one shared scale/zero point
+                    (int8 CONCATENATION requires it), so no requantize op appears
+  mean              MEAN over H and W (Keras GlobalAveragePooling2D), 1x16x16x8 -> 1x8
+  pad               PAD with asymmetric zero padding ((1,2),(2,1)) on H, W
+
+Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
+
+  mobilenet_v1_0.25  tf.keras.applications.MobileNet, alpha 0.25, 1x128x128x3
+  mobilenet_v1_1.0   tf.keras.applications.MobileNet, alpha 1.0, 1x224x224x3
+  mobilenet_v2_1.0   tf.keras.applications.MobileNetV2, alpha 1.0, 1x224x224x3
+  resnet_block       small ResNet-style net on 1x32x32x3: conv stem, three residual
+                     blocks (one strided with a 1x1 projection), global average pool,
+                     dense 10
+
+The nets are built with ``classifier_activation=None``: an int8 SOFTMAX over 1000
+classes with random weights puts nearly every output at the zero point (-128), which
+makes output comparisons meaningless.
+
+Every model is full-integer quantized by ``tf.lite.TFLiteConverter.from_keras_model``
+with ``Optimize.DEFAULT``, a representative dataset, ``TFLITE_BUILTINS_INT8`` only,
+and int8 model inputs and outputs (no float QUANTIZE/DEQUANTIZE at the edges).
+Weights are per-channel int8 (for FULLY_CONNECTED too: one scale per output
+unit), biases int32 with per-channel scales, activations per-tensor int8.
+
+Where they are cached
+---------------------
+``cache_dir()`` is ``$TVM_ARMQ_HOME/models`` if that variable is set, otherwise
+``~/.cache/tvm_armq/models``.  Files live in a sub-directory named after the
+generator version, ``<cache_dir>/v<ZOO_VERSION>/<name>.tflite``, next to a JSON
+sidecar ``<name>.json`` (zoo version, TF version, seed, sha256, description).
+A cached file is reused only if its sidecar exists, names the current
+``ZOO_VERSION`` and matches the file's sha256; bump ``ZOO_VERSION`` whenever a
+builder changes so old files are not reused.  Both files are written to a
+temporary file in the same directory and then ``os.replace``-d, and the sidecar is
+written last, so a concurrent reader sees either no model or a complete one.
+
+How determinism is achieved
+---------------------------
+* Before each build the Keras session is cleared (so auto-generated layer and
+  tensor names restart from the same counters) and ``keras.utils.set_random_seed``
+  is called; then every weight is overwritten from a ``numpy.random.RandomState``
+  seeded with ``SEED``, so weights do not depend on Keras' initializer RNG.
+* Nets use random BN gammas/betas, and their BN moving mean/variance are set to the
+  statistics of a seeded random input batch (one training-mode forward pass with
+  momentum 0).  Each BN then really normalises its input, so activations stay in a
+  sensible range through the whole net instead of exploding or dying.
+* The representative dataset is drawn from a fresh seeded ``RandomState``.
+* Model inputs get explicit names (``input``, ``input_b``); the single-op layers
+  are named too, and the Keras applications name their own layers.
+
+With these, building the same model twice (also in two different processes, and
+with 1 or 2 CPU threads) gives byte-identical .tflite files on the same machine
+with the same TF version; ``tests/test_zoo.py`` checks it for one model.  The
+converter embeds nothing variable (no time stamp or temp path), so nothing needs
+stripping.  Bytes can differ across TF versions and, for the nets, across float
+kernels: the BN-statistics pass and the calibration run float code, and a
+last-bit difference there can flip an int8 rounding.  Observed: setting
+``TF_ENABLE_ONEDNN_OPTS=0`` changes the MobileNet bytes (not the single-op
+models' bytes).  The sidecar's sha256 lets two machines compare their files.
+
+TensorFlow is imported lazily inside the build functions (with
+``TF_CPP_MIN_LOG_LEVEL=2`` unless already set), so importing this module is cheap.
+Note that building calls ``keras.backend.clear_session()`` and sets the global
+Python/NumPy/TF seeds of the calling process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import io
+import json
+import os
+import pathlib
+import tempfile
+import time
+import warnings
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+
+__all__ = [
+    "ZOO_VERSION",
+    "SEED",
+    "ModelSpec",
+    "UnknownModelError",
+    "cache_dir",
+    "model_dir",
+    "names",
+    "spec",
+    "specs",
+    "build",
+    "build_all",
+]
+
+# Bump whenever any builder, the weight initialisation, the calibration data or the
+# converter settings change: it is part of the cache path and of the sidecar.
+ZOO_VERSION = 1
+
+# One seed for everything (weights, BN statistics, calibration data).
+SEED = 20240601
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """Description of one zoo model.
+
+    ``builder(rng)`` returns the *float* Keras model (weights already set from
+    ``rng``); quantization is done by ``build``.  ``input_shapes`` has one NHWC (or
+    NC for fully_connected) shape per model input, in input order; all models have
+    batch 1.  ``input_ranges`` is the float range the representative dataset draws
+    each input from (uniform).  ``op`` is the TFLite builtin operator a single-op
+    model exists to test, ``None`` for nets.
+    """
+
+    name: str
+    builder: Callable[[np.random.RandomState], object]
+    input_shapes: tuple[tuple[int, ...], ...]
+    description: str
+    op: str | None = None
+    input_ranges: tuple[tuple[float, float], ...] = ((-1.0, 1.0),)
+    calib_samples: int = 64
+
+    @property
+    def kind(self) -> str:
+        """``"op"`` for single-op models, ``"net"`` for nets."""
+        return "op" if self.op is not None else "net"
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of the first (for most models the only) input."""
+        return self.input_shapes[0]
+
+
+# --------------------------------------------------------------------------
+# TensorFlow access (lazy)
+# --------------------------------------------------------------------------
+
+
+def _tf():
+    """Import TensorFlow quietly, on first use only."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf  # noqa: PLC0415  (deliberately lazy)
+
+    return tf
+
+
+def _inputs(spec_shapes: Sequence[tuple[int, ...]]):
+    """Keras Input tensors with batch 1 and stable names (``input``, ``input_b``)."""
+    keras = _tf().keras
+    names_ = ["input", "input_b", "input_c"]
+    return [
+        keras.Input(shape=s[1:], batch_size=s[0], name=names_[i])
+        for i, s in enumerate(spec_shapes)
+    ]
+
+
+# --------------------------------------------------------------------------
+# Weight initialisation
+# --------------------------------------------------------------------------
+
+
+def _weight_role(variable) -> str:
+    """Short role of a Keras weight: 'kernel', 'bias', 'gamma', 'moving_mean', ..."""
+    # Keras 3 names are bare ("kernel"); tf.keras 2 used "layer/kernel:0".
+    return variable.name.split("/")[-1].split(":")[0]
+
+
+def _randomize_weights(model, rng: np.random.RandomState) -> None:
+    """Overwrite every weight of ``model`` with values drawn from ``rng``.
+
+    Kernels: He-normal (std = sqrt(2 / fan_in)) so ReLU nets keep their activation
+    scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm: gamma U(0.5, 1.5),
+    beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving stats with
+    ``_fit_batchnorm_stats``.
+    """
+    for layer in model.layers:
+        for var in layer.weights:
+            shape = tuple(var.shape)
+            role = _weight_role(var)
+            if role == "depthwise_kernel":
+                # (kh, kw, in_ch, multiplier): each output sees kh*kw inputs.
+                fan_in = shape[0] * shape[1]
+                value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
+            elif role == "kernel":
+                # Conv (kh, kw, in_ch/groups, out) or Dense (in, out).
+                fan_in = int(np.prod(shape[:-1]))
+                value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
+            elif role == "bias":
+                value = rng.normal(0.0, 0.2, shape)
+            elif role == "gamma":
+                value = rng.uniform(0.5, 1.5, shape)
+            elif role == "beta":
+                value = rng.normal(0.1, 0.2, shape)
+            elif role == "moving_mean":
+                value = np.zeros(shape)
+            elif role == "moving_variance":
+                value = np.ones(shape)
+            else:
+                raise ValueError(
+                    f"zoo: don't know how to initialise weight {var.name!r} "
+                    f"of layer {layer.name!r}"
+                )
+            var.assign(value.astype(np.float32))
+
+
+def _fit_batchnorm_stats(model, batch: np.ndarray) -> None:
+    """Set each BN's moving mean/variance to the statistics of its real input.
+
+    One forward pass in training mode with momentum 0 makes every BN normalise with
+    the batch statistics *and* store exactly those as its moving statistics.  Since
+    each layer saw the same inputs it will see in inference mode on this batch, the
+    inference-mode net then reproduces the training-mode activations.  (Dropout is
+    active in that pass too; in the Keras MobileNets it sits after the last BN, so
+    it cannot affect any statistics.)
+    """
+    keras = _tf().keras
+    bns = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
+    saved = [bn.momentum for bn in bns]
+    for bn in bns:
+        bn.momentum = 0.0
+    # keras.applications models built on ``input_tensor`` declare their inputs as
+    # a one-element list; match that structure to avoid a Keras warning.
+    inputs = [batch] if isinstance(model.input, list) else batch
+    try:
+        model(inputs, training=True)
+    finally:
+        for bn, m in zip(bns, saved):
+            bn.momentum = m
+
+
+# --------------------------------------------------------------------------
+# Single-op builders.  Each returns a float Keras model with random weights.
+# --------------------------------------------------------------------------
+
+_X8 = (1, 16, 16, 8)  # default single-op input: 16x16 spatial, 8 channels
+_X16 = (1, 16, 16, 16)  # depthwise input: 16 channels in and out
+_FC_IN = (1, 256)
+
+
+def _single_layer(shapes, make_layer, rng):
+    """Model = one Keras layer applied to the inputs, weights from ``rng``."""
+    keras = _tf().keras
+    ins = _inputs(shapes)
+    layer = make_layer(keras.layers)
+    out = layer(ins if len(ins) > 1 else ins[0])
+    model = keras.Model(ins, out)
+    _randomize_weights(model, rng)
+    return model
+
+
+def _build_conv2d_1x1(rng):
+    return _single_layer(
+        [_X8], lambda L: L.Conv2D(16, 1, activation="relu", name="conv"), rng
+    )
+
+
+def _build_conv2d_3x3(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.Conv2D(16, 3, padding="same", activation="relu", name="conv"),
+        rng,
+    )
+
+
+def _build_conv2d_3x3_s2(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.Conv2D(16, 3, strides=2, padding="same", name="conv"),
+        rng,
+    )
+
+
+def _build_conv2d_3x3_d2(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.Conv2D(
+            16, 3, dilation_rate=2, padding="same", activation="relu6", name="conv"
+        ),
+        rng,
+    )
+
+
+def _build_conv2d_grouped(rng):
+    # The TFLite converter lowers Keras groups=2 to a single CONV_2D whose filter
+    # has in_ch/groups = 4 input channels (checked in tests/test_zoo.py).
+    return _single_layer(
+        [_X8],
+        lambda L: L.Conv2D(
+            16, 3, padding="same", groups=2, activation="relu", name="conv"
+        ),
+        rng,
+    )
+
+
+def _build_depthwise_3x3(rng):
+    return _single_layer(
+        [_X16],
+        lambda L: L.DepthwiseConv2D(
+            3, padding="same", activation="relu", name="dwconv"
+        ),
+        rng,
+    )
+
+
+def _build_depthwise_3x3_s2(rng):
+    return _single_layer(
+        [_X16],
+        lambda L: L.DepthwiseConv2D(
+            3, strides=2, padding="same", activation="relu6", name="dwconv"
+        ),
+        rng,
+    )
+
+
+def _build_fully_connected(rng):
+    return _single_layer(
+        [_FC_IN], lambda L: L.Dense(16, activation="relu", name="dense"), rng
+    )
+
+
+def _build_add(rng):
+    # Add + ReLU: the converter fuses the ReLU into ADD's fused_activation_function.
+    keras = _tf().keras
+    a, b = _inputs([_X8, _X8])
+    y = keras.layers.Add(name="add")([a, b])
+    y = keras.layers.ReLU(name="relu")(y)
+    return keras.Model([a, b], y)
+
+
+def _build_avg_pool(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.AveragePooling2D(3, strides=2, padding="same", name="pool"),
+        rng,
+    )
+
+
+def _build_max_pool(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.MaxPooling2D(2, strides=2, padding="valid", name="pool"),
+        rng,
+    )
+
+
+def _build_concat(rng):
+    # int8 CONCATENATION requires every input to share the output's scale and
+    # zero point.  TF 2.21 gives all three the union of the calibration ranges
+    # (so the model stays a single op); another converter could insert
+    # requantizing QUANTIZE ops instead, which is why the test tolerates
+    # QUANTIZE next to the promised op.
+    return _single_layer(
+        [_X8, _X8], lambda L: L.Concatenate(axis=-1, name="concat"), rng
+    )
+
+
+def _build_mean(rng):
+    return _single_layer([_X8], lambda L: L.GlobalAveragePooling2D(name="gap"), rng)
+
+
+def _build_pad(rng):
+    return _single_layer(
+        [_X8], lambda L: L.ZeroPadding2D(((1, 2), (2, 1)), name="pad"), rng
+    )
+
+
+# --------------------------------------------------------------------------
+# Net builders
+# --------------------------------------------------------------------------
+
+_BN_BATCH = 8  # images used to fit the BN statistics of a net
+
+
+def _finish_net(model, shape, rng):
+    """Random weights, then BN statistics fitted on a seeded random batch."""
+    _randomize_weights(model, rng)
+    batch = rng.uniform(-1.0, 1.0, (_BN_BATCH,) + tuple(shape[1:])).astype(np.float32)
+    _fit_batchnorm_stats(model, batch)
+    return model
+
+
+def _mobilenet_v1(alpha, shape, rng):
+    keras = _tf().keras
+    (inp,) = _inputs([shape])
+    model = keras.applications.MobileNet(
+        input_tensor=inp,
+        alpha=alpha,
+        weights=None,
+        classifier_activation=None,
+    )
+    return _finish_net(model, shape, rng)
+
+
+def _build_mobilenet_v1_025(rng):
+    return _mobilenet_v1(0.25, (1, 128, 128, 3), rng)
+
+
+def _build_mobilenet_v1_100(rng):
+    return _mobilenet_v1(1.0, (1, 224, 224, 3), rng)
+
+
+def _build_mobilenet_v2_100(rng):
+    keras = _tf().keras
+    shape = (1, 224, 224, 3)
+    (inp,) = _inputs([shape])
+    model = keras.applications.MobileNetV2(
+        input_tensor=inp,
+        alpha=1.0,
+        weights=None,
+        classifier_activation=None,
+    )
+    return _finish_net(model, shape, rng)
+
+
+def _build_resnet_block(rng):
+    """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
+    keras = _tf().keras
+    L = keras.layers
+    shape = (1, 32, 32, 3)
+    (inp,) = _inputs([shape])
+
+    def conv_bn(x, ch, stride, relu, name, k=3):
+        x = L.Conv2D(ch, k, strides=stride, padding="same", use_bias=False,
+                     name=f"{name}_conv")(x)
+        x = L.BatchNormalization(name=f"{name}_bn")(x)
+        return L.ReLU(name=f"{name}_relu")(x) if relu else x
+
+    def block(x, ch, stride, name):
+        shortcut = x
+        y = conv_bn(x, ch, stride, True, f"{name}_a")
+        y = conv_bn(y, ch, 1, False, f"{name}_b")
+        if stride != 1 or x.shape[-1] != ch:
+            shortcut = conv_bn(x, ch, stride, False, f"{name}_proj", k=1)
+        y = L.Add(name=f"{name}_add")([shortcut, y])
+        return L.ReLU(name=f"{name}_out")(y)
+
+    x = conv_bn(inp, 16, 1, True, "stem")
+    x = block(x, 16, 1, "block1")
+    x = block(x, 16, 1, "block2")
+    x = block(x, 32, 2, "block3")
+    x = L.GlobalAveragePooling2D(name="gap")(x)
+    x = L.Dense(10, name="logits")(x)
+    model = keras.Model(inp, x, name="resnet_block")
+    return _finish_net(model, shape, rng)
+
+
+# --------------------------------------------------------------------------
+# Registry (ordered: single-op models first, then nets)
+# --------------------------------------------------------------------------
+
+_TWO_RANGES = ((-1.0, 1.0), (-3.0, 2.0))
+
+_SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("conv2d_1x1", _build_conv2d_1x1, (_X8,),
+              "CONV_2D 1x1, 8->16 ch, bias, fused ReLU", op="CONV_2D"),
+    ModelSpec("conv2d_3x3", _build_conv2d_3x3, (_X8,),
+              "CONV_2D 3x3 SAME, 8->16 ch, bias, fused ReLU", op="CONV_2D"),
+    ModelSpec("conv2d_3x3_s2", _build_conv2d_3x3_s2, (_X8,),
+              "CONV_2D 3x3 SAME stride 2, 8->16 ch, bias, no activation",
+              op="CONV_2D"),
+    ModelSpec("conv2d_3x3_d2", _build_conv2d_3x3_d2, (_X8,),
+              "CONV_2D 3x3 SAME dilation 2, 8->16 ch, bias, fused ReLU6",
+              op="CONV_2D"),
+    ModelSpec("conv2d_grouped", _build_conv2d_grouped, (_X8,),
+              "CONV_2D 3x3 SAME groups=2 (filter 16x3x3x4), 8->16 ch, bias, "
+              "fused ReLU", op="CONV_2D"),
+    ModelSpec("depthwise_3x3", _build_depthwise_3x3, (_X16,),
+              "DEPTHWISE_CONV_2D 3x3 SAME, 16 ch, multiplier 1, bias, fused ReLU",
+              op="DEPTHWISE_CONV_2D"),
+    ModelSpec("depthwise_3x3_s2", _build_depthwise_3x3_s2, (_X16,),
+              "DEPTHWISE_CONV_2D 3x3 SAME stride 2, 16 ch, bias, fused ReLU6",
+              op="DEPTHWISE_CONV_2D"),
+    ModelSpec("fully_connected", _build_fully_connected, (_FC_IN,),
+              "FULLY_CONNECTED 256->16, bias, fused ReLU", op="FULLY_CONNECTED"),
+    ModelSpec("add", _build_add, (_X8, _X8),
+              "ADD of two inputs with different scales, fused ReLU", op="ADD",
+              input_ranges=_TWO_RANGES),
+    ModelSpec("avg_pool", _build_avg_pool, (_X8,),
+              "AVERAGE_POOL_2D 3x3 stride 2 SAME", op="AVERAGE_POOL_2D"),
+    ModelSpec("max_pool", _build_max_pool, (_X8,),
+              "MAX_POOL_2D 2x2 stride 2 VALID", op="MAX_POOL_2D"),
+    ModelSpec("concat", _build_concat, (_X8, _X8),
+              "CONCATENATION on channels of two inputs, 8+8->16 ch",
+              op="CONCATENATION", input_ranges=_TWO_RANGES),
+    ModelSpec("mean", _build_mean, (_X8,),
+              "MEAN over H, W (global average pool), 1x16x16x8 -> 1x8", op="MEAN"),
+    ModelSpec("pad", _build_pad, (_X8,),
+              "PAD with zeros, H (1,2), W (2,1)", op="PAD"),
+    # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
+    ModelSpec("mobilenet_v1_0.25", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
+              "Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
+              calib_samples=32),
+    ModelSpec("mobilenet_v1_1.0", _build_mobilenet_v1_100, ((1, 224, 224, 3),),
+              "Keras MobileNet v1, alpha 1.0, 224x224, 1000 logits (no softmax)",
+              calib_samples=16),
+    ModelSpec("mobilenet_v2_1.0", _build_mobilenet_v2_100, ((1, 224, 224, 3),),
+              "Keras MobileNet v2, alpha 1.0, 224x224, 1000 logits (no softmax)",
+              calib_samples=16),
+    ModelSpec("resnet_block", _build_resnet_block, ((1, 32, 32, 3),),
+              "Small ResNet: conv-BN-ReLU stem, 3 residual blocks (ADD), "
+              "global average pool, dense 10", calib_samples=64),
+)
+
+_BY_NAME = {s.name: s for s in _SPECS}
+assert len(_BY_NAME) == len(_SPECS), "duplicate zoo model name"
+
+
+def names() -> list[str]:
+    """All model names, single-op models first, then nets."""
+    return [s.name for s in _SPECS]
+
+
+def specs() -> list[ModelSpec]:
+    """All specs, in the same order as ``names()``."""
+    return list(_SPECS)
+
+
+class UnknownModelError(KeyError):
+    """A model name that is not in the zoo; the message lists the valid names."""
+
+    def __str__(self) -> str:  # KeyError would show the message repr()-quoted
+        return str(self.args[0])
+
+
+def spec(name: str) -> ModelSpec:
+    """The spec of ``name``; ``UnknownModelError`` (a ``KeyError``) if unknown."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownModelError(
+            f"unknown zoo model {name!r}; valid names: {', '.join(names())}"
+        ) from None
+
+
+# --------------------------------------------------------------------------
+# Cache
+# --------------------------------------------------------------------------
+
+
+def cache_dir() -> pathlib.Path:
+    """``$TVM_ARMQ_HOME/models`` if set, else ``~/.cache/tvm_armq/models``."""
+    home = os.environ.get("TVM_ARMQ_HOME")
+    if home:
+        return pathlib.Path(home).expanduser() / "models"
+    return pathlib.Path.home() / ".cache" / "tvm_armq" / "models"
+
+
+def model_dir() -> pathlib.Path:
+    """Directory holding the current generator version's models."""
+    return cache_dir() / f"v{ZOO_VERSION}"
+
+
+def _sidecar(path: pathlib.Path) -> pathlib.Path:
+    return path.with_suffix(".json")
+
+
+def _is_valid(path: pathlib.Path) -> bool:
+    """True if ``path`` and its sidecar exist and match this generator version."""
+    try:
+        meta = json.loads(_sidecar(path).read_text())
+        data = path.read_bytes()
+    except (OSError, ValueError):
+        return False
+    return (
+        meta.get("zoo_version") == ZOO_VERSION
+        and meta.get("sha256") == hashlib.sha256(data).hexdigest()
+    )
+
+
+def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` via a temp file in the same dir + ``os.replace``."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp creates 0600
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+# --------------------------------------------------------------------------
+# Conversion
+# --------------------------------------------------------------------------
+
+
+def _representative_dataset(s: ModelSpec):
+    """Seeded calibration samples: each input uniform in its ``input_ranges``."""
+    ranges = s.input_ranges
+    if len(ranges) == 1 and len(s.input_shapes) > 1:
+        ranges = ranges * len(s.input_shapes)
+    rng = np.random.RandomState(SEED + 1)
+
+    def gen():
+        for _ in range(s.calib_samples):
+            yield [
+                rng.uniform(lo, hi, shape).astype(np.float32)
+                for shape, (lo, hi) in zip(s.input_shapes, ranges)
+            ]
+
+    return gen
+
+
+def _convert(s: ModelSpec) -> bytes:
+    """Build the float model of ``s`` and quantize it to int8 TFLite bytes."""
+    tf = _tf()
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(SEED)
+    model = s.builder(np.random.RandomState(SEED))
+
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    converter.optimizations = [tf.lite.Optimize.DEFAULT]
+    converter.representative_dataset = _representative_dataset(s)
+    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    converter.inference_input_type = tf.int8
+    converter.inference_output_type = tf.int8
+
+    # from_keras_model exports a temporary SavedModel and Keras prints a summary of
+    # it on stdout; keep stdout clean for callers (make_models.py prints paths).
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="Statistics for quantized inputs were expected"
+        )
+        data = converter.convert()
+    tf.keras.backend.clear_session()
+    return data
+
+
+def build(
+    name: str, *, force: bool = False, out_dir: str | os.PathLike | None = None
+) -> pathlib.Path:
+    """Return the path of ``<name>.tflite``, building it if needed.
+
+    ``out_dir`` defaults to ``model_dir()``.  An existing file is returned as is
+    if its sidecar matches (see module docstring); ``force=True`` always rebuilds.
+    """
+    s = spec(name)
+    directory = pathlib.Path(out_dir) if out_dir is not None else model_dir()
+    path = directory / f"{s.name}.tflite"
+    if not force and _is_valid(path):
+        return path
+
+    directory.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    data = _convert(s)
+    seconds = time.perf_counter() - t0
+    meta = {
+        "name": s.name,
+        "description": s.description,
+        "zoo_version": ZOO_VERSION,
+        "seed": SEED,
+        "tensorflow_version": _tf().__version__,
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "bytes": len(data),
+        "build_seconds": round(seconds, 2),
+    }
+    # Model first, sidecar last: the sidecar marks the pair as complete.
+    _atomic_write(path, data)
+    _atomic_write(_sidecar(path), (json.dumps(meta, indent=2) + "\n").encode())
+    return path
+
+
+def build_all(
+    names: Iterable[str] | None = None,  # noqa: A002 - mirrors the CLI wording
+    *,
+    force: bool = False,
+    out_dir: str | os.PathLike | None = None,
+) -> list[pathlib.Path]:
+    """Build ``names`` (default: every model), returning their paths in order."""
+    selected = list(names) if names is not None else [s.name for s in _SPECS]
+    for n in selected:  # fail on a typo before spending minutes on builds
+        spec(n)
+    return [build(n, force=force, out_dir=out_dir) for n in selected]
