@@ -78,3 +78,20 @@ def zoo_model():
     from tvm_armq import zoo
 
     return zoo.build
+
+
+# ------------------------------------------------------------ accuracy report
+_REPORT: list[str] = []
+
+
+@pytest.fixture(scope="session")
+def report():
+    """``report(line)``: a line for the accuracy table printed at the end of the run."""
+    return _REPORT.append
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _REPORT:
+        terminalreporter.section("accuracy against TFLite (reference kernels)")
+        for line in sorted(_REPORT):
+            terminalreporter.write_line(line)
