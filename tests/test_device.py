@@ -151,3 +151,30 @@ def test_cli_device_lifecycle(tmp_path):
         assert json.loads(cli("status", "--json"))["neon"] == []
     finally:
         cli("stop")
+
+
+def test_device_registers_with_a_tracker(tmp_path):
+    """A device started with a tracker is reachable as HOST:PORT:KEY, as a tuning farm needs."""
+    tracker = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host",
+                                "127.0.0.1", "--port", "9690", "--port-end", "9700"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        line = ""
+        while "bind to" not in line:  # the tracker logs the port it bound
+            line = tracker.stdout.readline()
+            assert line or tracker.poll() is None, "the RPC tracker did not start"
+        port = int(line.rsplit(":", 1)[1])
+        d = device.start("neon", port=9790, tracker=f"127.0.0.1:{port}", key="armq-test")
+        try:
+            sess = device.Endpoint.parse(f"127.0.0.1:{port}:armq-test").connect()
+            assert sess.cpu(0).exist
+        finally:
+            d.stop()
+    finally:
+        tracker.kill()
+
+
+def test_unprovisioned_device_says_what_is_missing(tmp_path, monkeypatch):
+    monkeypatch.setenv("TVM_ARMQ_HOME", str(tmp_path))
+    with pytest.raises(device.DeviceError, match="not provisioned.*device provision"):
+        device.start("neon", provision_first=False)

@@ -335,7 +335,7 @@ class Device:
                 if not self.alive():
                     break
                 time.sleep(0.1)
-        _state_file(self.level, self.endpoint.port).unlink(missing_ok=True)
+        _state_file(self.level, self.pid).unlink(missing_ok=True)
 
     def to_json(self) -> dict:
         return {"level": self.level, "host": self.endpoint.host, "port": self.endpoint.port,
@@ -348,8 +348,8 @@ class Device:
                    Path(d["log"]), d.get("tracker"))
 
 
-def _state_file(level_name: str, port: int) -> Path:
-    return _run_dir() / f"{level_name}-{port}.json"
+def _state_file(level_name: str, pid: int) -> Path:
+    return _run_dir() / f"{level_name}-{pid}.json"
 
 
 def _log_tail(path: Path, n: int = 3000) -> str:
@@ -384,7 +384,14 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
         proc = subprocess.Popen(guest_command(lvl.name, *args), env=guest_env(lvl.name),
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    dev = Device(lvl.name, Endpoint(host, port), proc.pid, log, tracker)
+    # Registered with a tracker, the server only accepts clients the tracker sends
+    # (it hands them a match key), so the device is reached through the tracker.
+    if tracker:
+        thost, tport = tracker.rsplit(":", 1)
+        endpoint = Endpoint(thost, int(tport), key)
+    else:
+        endpoint = Endpoint(host, port)
+    dev = Device(lvl.name, endpoint, proc.pid, log, tracker)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -392,7 +399,7 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
                               f"while starting; its log ({log}):\n{_log_tail(log)}")
         if time.monotonic() > deadline:
             dev.stop()
-            raise DeviceError(f"the {lvl.name} device did not answer RPC on {host}:{port} "
+            raise DeviceError(f"the {lvl.name} device did not answer RPC at {endpoint} "
                               f"within {timeout:.0f} s; its log ({log}):\n{_log_tail(log)}")
         try:
             sess = dev.connect()
@@ -401,7 +408,7 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
             break
         except Exception:  # not listening yet
             time.sleep(1.0)
-    _state_file(lvl.name, port).write_text(json.dumps(dev.to_json()))
+    _state_file(lvl.name, dev.pid).write_text(json.dumps(dev.to_json()))
     return dev
 
 
