@@ -1,0 +1,359 @@
+"""``qmuls``: TFLite's requantization as one TIR operator, lowered to sqrdmulh + srshl on aarch64.
+
+What it computes
+----------------
+``qmuls(x, m, q, s)`` multiplies the int32 ``x`` by the fixed-point number ``m`` (an int32
+with ``q`` fractional bits, i.e. the real value ``m / 2**q``) and then shifts the result by
+``s`` bits with rounding (``s < 0`` shifts right). Only ``q = 31`` (TFLite's Q0.31
+multipliers) is accepted; any other ``q`` is rejected with an error. With ``q = 31`` the
+result is bit for bit TFLite's
+
+    MultiplyByQuantizedMultiplier(x, m, s)          # m, s from QuantizeMultiplier(scale)
+
+which approximates ``round(x * scale)`` for ``scale = m * 2**(s - 31)``. It is the last step of
+every quantized TFLite convolution, dense layer and depthwise convolution: the int32
+accumulator times ``in_scale * w_scale / out_scale``, in integers only.
+
+Two rounding modes, as TFLite has (``rounding=``; the NumPy references are in ``requant``):
+
+* ``"double"`` (the default; TFLite's reference kernels, which tvm_armq is checked against,
+  use it: ``tests/test_qmuls.py`` shows it on a real model)::
+
+      a = x * 2**max(s, 0)                     int32, wraps like TFLite's x * (1 << s)
+      h = round_half_up(a * m / 2**31)         SaturatingRoundingDoublingHighMul
+      r = round_half_away(h / 2**max(-s, 0))   RoundingDivideByPOT
+
+  The product is rounded once to 32 bits and then once more by the shift. Why twice:
+  gemmlowp designed the scheme for NEON, where each step is one instruction (``sqrdmulh``,
+  then a rounding shift). The result is not always the correctly rounded ``x * scale``
+  (near a tie it can land one step off), but a quantized model means whatever arithmetic
+  its runtime performs, so qmuls reproduces it exactly, double rounding included.
+
+* ``"single"`` (TFLite built with ``TFLITE_SINGLE_ROUNDING``; LiteRT's default XNNPACK path
+  matched this one, not double rounding, on the zoo's convolutions)::
+
+      r = int32((x * m + 2**(30 - s)) >> (31 - s))    in int64: one rounding, half up
+
+Shifts: ``s`` in [-31, 31] for double rounding and [-31, 30] for single rounding (what
+TFLite's arithmetic is defined for; ``requant.quantize_multiplier`` says which shifts real
+scales give). A constant ``s`` outside is an error; a run-time ``s`` outside gives an
+unspecified value.
+
+How it is lowered
+-----------------
+``qmuls`` is a TIR operator of its own, registered from Python (TVM 0.27 creates an ``Op``
+the first time an attribute is registered under a new name, ``tvm.ir.register_op_attr``):
+
+* ``tvm_armq.qmuls`` (double) and ``tvm_armq.qmuls_single`` (single), each with
+  ``TCallEffectKind = Pure`` (so passes may move, merge or drop it) and
+  ``TVectorizable = True`` (so ``T.vectorized`` loops turn it into one call on int32xN);
+* a ``default.FLowerIntrinsic`` rule (``tvm.tirx.register_intrin_lowering(op, "default")``):
+  64-bit integer arithmetic in plain TIR, correct on every target (x86 llvm, c, ...);
+* an ``llvm.aarch64.FLowerIntrinsic`` rule. The ``LowerIntrin`` pass tries
+  ``<kind>.FLowerIntrinsic``, then ``<kind>.aarch64.FLowerIntrinsic`` only when the target's
+  ``mtriple`` contains ``aarch64``, then ``default.FLowerIntrinsic``; a rule that returns the
+  call unchanged passes it on to the next. So x86 never sees the aarch64 form (nor does an
+  ``arm64-apple-*`` triple, which gets the correct but slower default form), and the aarch64
+  rule can decline (lanes it does not handle, or ``portable_lowering()``), leaving the call
+  to the default rule. Rules see only the call, not the target: the mtriple test inside
+  ``LowerIntrin`` is the only way a rule is chosen per target.
+
+The aarch64 form of double rounding, one int32x4 register per operand::
+
+    lane           0        1        2        3
+    x         [   x0   |   x1   |   x2   |   x3   ]   int32 accumulators
+    m         [   m0   |   m1   |   m2   |   m3   ]   Q0.31 multipliers (per channel, or a splat)
+    s         [   s0   |   s1   |   s2   |   s3   ]   shifts (per channel, or a splat)
+       a = x << max(s, 0)                  ushl     (omitted for a constant s <= 0)
+       h = sqrdmulh(a, m)                  sqrdmulh  = sat((2*a*m + 2**31) >> 32), half up
+       f = (h & min(s, 0)) >> 31           and, sshr = -1 in lanes with h < 0 and s < 0
+       r = srshl(h + f, min(s, 0))         srshl     = (h + f + 2**(e-1)) >> e, e = -min(s, 0)
+
+``srshl`` rounds ties up; subtracting one from negative lanes first turns that into TFLite's
+ties-away-from-zero (gemmlowp's NEON fixup). ``h + f`` cannot overflow: ``sqrdmulh``
+returns INT32_MIN only for ``a * m < -2**62 + 2**30``, and int32 operands go no lower than
+``-2**62 + 2**31`` (their one product of 2**62 saturates to INT32_MAX instead), so a plain
+add does what gemmlowp's saturating add does. Scalars use the scalar forms
+(``sqrdmulh s``, then ``srshl d`` on the sign-extended value); int32x2 uses the 64-bit
+registers; int32x(4k) is cut into int32x4 pieces, since LLVM cannot split these intrinsics
+itself. Single rounding on aarch64 is one rounding shift of the exact 64-bit product:
+``smull``/``smull2`` then ``srshl`` on int64x2 by ``s - 31`` and a narrowing ``uzp1``.
+
+Use it from TIR as ``qmuls(x, m, 31, s)`` (also inside ``@T.prim_func``) or as
+``T.call_intrin("int32", "tvm_armq.qmuls", x, m, 31, s)`` once this module is imported.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+
+from tvm import tirx
+from tvm.ir import Op, register_op_attr
+from tvm.tirx import Broadcast, Cast, IntImm, Shuffle
+from tvm.tirx.expr import CallEffectKind
+
+from . import requant
+from .requant import INT32_MAX, MAX_SHIFT, MIN_SHIFT, check_rounding
+
+OP_NAMES = {"double": "tvm_armq.qmuls", "single": "tvm_armq.qmuls_single"}
+ROUNDING_OF_OP = {name: mode for mode, name in OP_NAMES.items()}
+Q31 = 31  # fractional bits of TFLite's multipliers: m represents m / 2**31
+NEON_INT32_LANES = 4  # int32 lanes in one 128-bit NEON register
+NEON_INT64_LANES = 2  # int64 lanes in one 128-bit NEON register
+HALF_Q31 = 1 << (Q31 - 1)  # 0.5 in Q0.31: the rounding term of the doubling high multiply
+SIGN_BIT = 31  # arithmetic shift right by this spreads an int32's sign over all bits
+SIGN_BIT_64 = 63  # the same for an int64
+
+SQRDMULH = "llvm.aarch64.neon.sqrdmulh"
+SRSHL = "llvm.aarch64.neon.srshl"
+
+_portable = contextvars.ContextVar("tvm_armq_qmuls_portable", default=False)
+
+
+@contextlib.contextmanager
+def portable_lowering():
+    """Within this block, ``tvm.compile`` lowers qmuls by the 64-bit default rule on aarch64 too.
+
+    The aarch64 rule declines, so the default rule takes the call: a way to run both
+    lowerings of the same code on one device and compare them.
+    """
+    token = _portable.set(True)
+    try:
+        yield
+    finally:
+        _portable.reset(token)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _dtype(e):
+    return e.ty.dtype
+
+
+def _lanes(e) -> int:
+    return int(_dtype(e).lanes)
+
+
+def _vec(base: str, lanes: int) -> str:
+    return base if lanes == 1 else f"{base}x{lanes}"
+
+
+def _const(value: int, base: str, lanes: int):
+    return tirx.const(value, _vec(base, lanes))
+
+
+def _const_int(e) -> int | None:
+    """The value of an integer constant or of a splat of one; None for anything else."""
+    if isinstance(e, Broadcast):
+        e = e.value
+    return int(e.value) if isinstance(e, IntImm) else None
+
+
+def _to_int32(e, lanes: int, what: str):
+    """``e`` as an int32 expression of ``lanes`` lanes (a Python int becomes a constant)."""
+    if isinstance(e, int):
+        return _const(e, "int32", lanes)
+    d = _dtype(e)
+    if str(d.with_lanes(1)) != "int32":
+        raise TypeError(f"qmuls: {what} must be int32, got {d}")
+    n = int(d.lanes)
+    if n == lanes:
+        return e
+    if n == 1:
+        return Broadcast(e, lanes)
+    raise TypeError(f"qmuls: {what} has {n} lanes where x has {lanes}")
+
+
+def _check_q(q) -> None:
+    value = q if isinstance(q, int) else _const_int(q)
+    if value != Q31:
+        raise ValueError(f"qmuls supports Q0.31 multipliers only (q = {Q31}, TFLite's format), "
+                         f"got q = {q}")
+
+
+def _check_constant_shift(s, rounding: str) -> None:
+    k = _const_int(s)
+    if k is not None and not MIN_SHIFT <= k <= MAX_SHIFT[rounding]:
+        raise ValueError(f"qmuls: shift {k} is outside [{MIN_SHIFT}, {MAX_SHIFT[rounding]}], "
+                         f"where {rounding} rounding is defined")
+
+
+# ----------------------------------------------------------------------------- builder
+def qmuls(x, m, q, s, rounding: str = "double"):
+    """TIR expression for TFLite's ``MultiplyByQuantizedMultiplier(x, m, s)`` (see the module).
+
+    ``x``: int32 expression (scalar or int32xN); ``m``: Q0.31 multiplier and ``s``: shift,
+    int32 expressions or Python ints, scalar (broadcast) or with ``x``'s lanes; ``q``: must
+    be 31; ``rounding``: ``"double"`` (TFLite's default) or ``"single"``.
+    """
+    check_rounding(rounding)
+    _check_q(q)
+    if isinstance(x, int):
+        x = _const(x, "int32", 1)
+    lanes = _lanes(x)
+    x = _to_int32(x, lanes, "x")
+    m = _to_int32(m, lanes, "the multiplier m")
+    s = _to_int32(s, lanes, "the shift s")
+    _check_constant_shift(s, rounding)
+    return tirx.call_intrin(_vec("int32", lanes), OP_NAMES[rounding], x, m,
+                            IntImm("int32", Q31), s)
+
+
+def _operands(call):
+    """(rounding, x, m, s, lanes) of a qmuls call, m and s broadcast to x's lanes."""
+    rounding = ROUNDING_OF_OP[call.op.name]
+    if len(call.args) != 4:
+        raise ValueError(f"{call.op.name} takes (x, m, q, s), got {len(call.args)} arguments")
+    x, m, q, s = call.args
+    _check_q(q)
+    lanes = _lanes(call)
+    _check_constant_shift(s, rounding)
+    return (rounding, _to_int32(x, lanes, "x"), _to_int32(m, lanes, "the multiplier m"),
+            _to_int32(s, lanes, "the shift s"), lanes)
+
+
+# ----------------------------------------------------------- default (64-bit) lowering
+def _portable_double(x, m, s, lanes: int):
+    i64 = _vec("int64", lanes)
+    k = _const_int(s)
+    if k is not None:  # a constant shift folds into immediates
+        left, right = max(k, 0), max(-k, 0)
+        a = x << _const(left, "int32", lanes) if left else x
+    else:
+        zero = _const(0, "int32", lanes)
+        left, right = tirx.max(s, zero), tirx.max(zero - s, zero)
+        a = x << left  # int32 shift: wraps exactly as TFLite's x * (1 << left_shift)
+    # SaturatingRoundingDoublingHighMul: |a * m| <= 2**62 fits int64; rounding half up is
+    # (a*m + 2**30) >> 31, and only a == m == INT32_MIN reaches 2**31, clamped to INT32_MAX.
+    ab = Cast(i64, a) * Cast(i64, m)
+    h = tirx.min((ab + _const(HALF_Q31, "int64", lanes)) >> _const(Q31, "int64", lanes),
+                 _const(INT32_MAX, "int64", lanes))
+    # RoundingDivideByPOT in 64 bits, where nothing overflows: add half of 2**right, and one
+    # less for negative values, so that ties go away from zero; then shift.
+    negative = h >> _const(SIGN_BIT_64, "int64", lanes)  # -1 for h < 0, else 0
+    if k is not None:
+        if right == 0:
+            return Cast(_vec("int32", lanes), h)
+        rounded = h + _const(1 << (right - 1), "int64", lanes) + negative
+        return Cast(_vec("int32", lanes), rounded >> _const(right, "int64", lanes))
+    right64 = Cast(i64, right)
+    one = _const(1, "int64", lanes)
+    half = (one << right64) >> one  # 0 when right == 0: no rounding, no fixup
+    fixup = tirx.Select(right64 > _const(0, "int64", lanes), negative,
+                        _const(0, "int64", lanes))
+    return Cast(_vec("int32", lanes), (h + half + fixup) >> right64)
+
+
+def _portable_single(x, m, s, lanes: int):
+    i64 = _vec("int64", lanes)
+    k = _const_int(s)
+    product = Cast(i64, x) * Cast(i64, m)  # exact: |x * m| <= 2**62
+    if k is not None:
+        total = Q31 - k  # in [1, 62]
+        rounder = _const(1 << (total - 1), "int64", lanes)
+        shifted = (product + rounder) >> _const(total, "int64", lanes)
+    else:
+        total = _const(Q31, "int64", lanes) - Cast(i64, s)
+        one = _const(1, "int64", lanes)
+        shifted = (product + (one << (total - one))) >> total
+    return Cast(_vec("int32", lanes), shifted)  # truncation, as TFLite's static_cast<int32_t>
+
+
+def lower_portable(call):
+    """``default.FLowerIntrinsic`` of qmuls: plain TIR over int64, for any target and lanes."""
+    rounding, x, m, s, lanes = _operands(call)
+    if rounding == "double":
+        return _portable_double(x, m, s, lanes)
+    return _portable_single(x, m, s, lanes)
+
+
+# ------------------------------------------------------------------ aarch64 lowering
+def _llvm(dtype: str, name: str, *args):
+    return tirx.call_llvm_pure_intrin(dtype, name, *args)
+
+
+def _aarch64_double(x, m, s, lanes: int):
+    """sqrdmulh + srshl with the ties-away fixup; lanes is 1, 2 or 4."""
+    i32 = _vec("int32", lanes)
+    k = _const_int(s)
+    if k is not None:
+        a = x << _const(k, "int32", lanes) if k > 0 else x
+        right_neg = _const(min(k, 0), "int32", lanes)
+    else:
+        zero = _const(0, "int32", lanes)
+        a = x << tirx.max(s, zero)
+        right_neg = tirx.min(s, zero)  # srshl shifts right by minus this, rounding
+    h = _llvm(i32, SQRDMULH, a, m)
+    if k is not None and k >= 0:
+        return h  # no right shift, no second rounding
+    sign = _const(SIGN_BIT, "int32", lanes)
+    # -1 in the lanes to round away from zero (h < 0 and a real right shift), else 0.
+    # For a constant negative shift the mask is all ones in its sign bit: just h's sign.
+    fixup = h >> sign if k is not None else (h & right_neg) >> sign
+    if lanes == 1:  # srshl has no 32-bit scalar form: use the 64-bit one, exact here
+        wide = _llvm("int64", SRSHL, Cast("int64", h + fixup), Cast("int64", right_neg))
+        return Cast("int32", wide)
+    return _llvm(i32, SRSHL, h + fixup, right_neg)
+
+
+def _aarch64_single(x, m, s, lanes: int):
+    """One rounding shift of the exact product: smull, srshl on int64 by s - 31, narrow."""
+    i64 = _vec("int64", lanes)
+    product = Cast(i64, x) * Cast(i64, m)
+    k = _const_int(s)
+    amount = (_const(k - Q31, "int64", lanes) if k is not None
+              else Cast(i64, s) - _const(Q31, "int64", lanes))  # in [-62, -1]: right shifts
+    if lanes in (1, NEON_INT64_LANES):  # one register: the scalar d or the int64x2 form
+        return Cast(_vec("int32", lanes), _llvm(i64, SRSHL, product, amount))
+    # int64x4 is two registers, and LLVM cannot split the intrinsic: shift each half.
+    halves = []
+    for start in range(0, lanes, NEON_INT64_LANES):
+        idx = [IntImm("int32", start + i) for i in range(NEON_INT64_LANES)]
+        halves.append(_llvm(_vec("int64", NEON_INT64_LANES), SRSHL,
+                            _take(product, idx), _take(amount, idx)))
+    whole = Shuffle(halves, [IntImm("int32", i) for i in range(lanes)])
+    return Cast(_vec("int32", lanes), whole)  # narrowing: uzp1, TFLite's static_cast
+
+
+def _take(e, idx):
+    """Lanes ``idx`` of vector ``e`` (a splat stays a splat)."""
+    if isinstance(e, Broadcast):
+        return Broadcast(e.value, len(idx))
+    return Shuffle([e], idx)
+
+
+def lower_aarch64(call):
+    """``llvm.aarch64.FLowerIntrinsic`` of qmuls; returns ``call`` itself to decline."""
+    if _portable.get():
+        return call
+    rounding, x, m, s, lanes = _operands(call)
+    body = _aarch64_double if rounding == "double" else _aarch64_single
+    if lanes in (1, 2, NEON_INT32_LANES):
+        return body(x, m, s, lanes)
+    if lanes % NEON_INT32_LANES:
+        return call  # odd vector widths: the default rule handles them
+    # LLVM cannot split an int32x8 sqrdmulh: do one int32x4 register at a time.
+    pieces = []
+    for start in range(0, lanes, NEON_INT32_LANES):
+        idx = [IntImm("int32", start + i) for i in range(NEON_INT32_LANES)]
+        pieces.append(body(_take(x, idx), _take(m, idx), _take(s, idx), NEON_INT32_LANES))
+    return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
+
+
+# ------------------------------------------------------------------- registration
+def _register() -> None:
+    """Create the two ops and their lowering rules; a second import changes nothing."""
+    for name in OP_NAMES.values():
+        if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
+            continue
+        register_op_attr(name, "TCallEffectKind", CallEffectKind.Pure.value)
+        register_op_attr(name, "TVectorizable", True)
+        register_op_attr(name, "TScriptPrinterName", name)
+        tirx.register_intrin_lowering(name, "default", f=lower_portable)
+        tirx.register_intrin_lowering(name, "llvm.aarch64", f=lower_aarch64)
+
+
+_register()
+
+__all__ = ["qmuls", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
+           "requant"]
