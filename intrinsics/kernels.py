@@ -1,0 +1,409 @@
+"""The GEMM micro-kernels tvm_armq can tensorize, and how to pick one for a target.
+
+Every int8/bf16 matrix product in tvm_armq is cut into the same micro-kernel:
+
+    C[mr, nr] += A[mr, kr] · B[nr, kr]^T          (math: mr x kr · kr x nr → mr x nr)
+
+with A and B packed so that one block of each is contiguous:
+
+    A_packed[M/mr, K/kr, mr, kr]      B_packed[N/nr, K/kr, nr, kr]
+
+(K is zero-padded to a multiple of kr when it is packed, so a K tail costs nothing here),
+and C is any row-major [mr, nr] window (row stride free). What differs between kernels is
+(mr, nr, kr), the operand types and the instruction that does the block.
+
+This module holds one frozen ``Kernel`` record per micro-kernel, the ONE ordered selection
+table ``TABLE`` (from the portable scalar reference at the bottom up to i8mm at the top),
+``select(target, a_dtype, b_dtype)`` (the best kernel the target can run), ``require``
+(a clear error instead of an LLVM crash when a target lacks a kernel's instruction) and
+``desc(kernel)``, the scalar TVMScript reference every kernel's ``TensorIntrin`` is matched
+against. The instruction sequences (the ``impl`` half) live in ``mmla.py``, ``dot.py`` and
+``neon.py``; see README.md next to this file for the naming grammar and lane diagrams.
+
+Registration is explicit and idempotent: ``register(kernel)`` / ``register_all()`` (or
+``tensorize(...)``, which registers what it uses). Importing this module loads no TVM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import re
+import subprocess
+import sys
+
+# ------------------------------------------------------------------ names
+# gemm_<A><B><C>_<mr>x<nr>x<kr>_<isa>; <isa> names the target feature the kernel needs.
+_SHORT = {"int8": "s8", "uint8": "u8", "int32": "s32", "uint32": "u32",
+          "bfloat16": "bf16", "float32": "f32"}
+ISAS = ("ref", "neon", "dotprod", "i8mm", "bf16")
+NAME_RE = re.compile(r"^gemm_(s8|u8|bf16)(s8|u8|bf16)(s32|u32|f32)_(\d+)x(\d+)x(\d+)_"
+                     r"(ref|neon|dotprod|i8mm|bf16)$")
+
+# TVM target feature -> the LLVM -mattr spelling that turns it on (for error messages).
+FEATURE_MATTR = {"has_asimd": "+neon", "has_dotprod": "+dotprod",
+                 "has_matmul_i8": "+i8mm", "has_bf16": "+bf16"}
+
+
+def kernel_name(a_dtype: str, b_dtype: str, acc_dtype: str, mr: int, nr: int, kr: int,
+                isa: str) -> str:
+    """The name a kernel with these properties must have (the grammar in README.md)."""
+    if isa not in ISAS:
+        raise ValueError(f"unknown isa suffix {isa!r}: expected one of {', '.join(ISAS)}")
+    return (f"gemm_{_SHORT[a_dtype]}{_SHORT[b_dtype]}{_SHORT[acc_dtype]}"
+            f"_{mr}x{nr}x{kr}_{isa}")
+
+
+# Module constants: the one spelling of every kernel name (record .name and TensorIntrin).
+GEMM_S8S8S32_1X1X1_REF = "gemm_s8s8s32_1x1x1_ref"
+GEMM_U8U8S32_1X1X1_REF = "gemm_u8u8s32_1x1x1_ref"
+GEMM_U8S8S32_1X1X1_REF = "gemm_u8s8s32_1x1x1_ref"
+GEMM_S8U8S32_1X1X1_REF = "gemm_s8u8s32_1x1x1_ref"
+GEMM_BF16BF16F32_1X1X1_REF = "gemm_bf16bf16f32_1x1x1_ref"
+GEMM_S8S8S32_4X4X16_NEON = "gemm_s8s8s32_4x4x16_neon"
+GEMM_U8U8S32_4X4X16_NEON = "gemm_u8u8s32_4x4x16_neon"
+GEMM_S8S8S32_4X4X16_DOTPROD = "gemm_s8s8s32_4x4x16_dotprod"
+GEMM_U8U8S32_4X4X16_DOTPROD = "gemm_u8u8s32_4x4x16_dotprod"
+GEMM_S8S8S32_4X4X4_DOTPROD = "gemm_s8s8s32_4x4x4_dotprod"
+GEMM_U8U8S32_4X4X4_DOTPROD = "gemm_u8u8s32_4x4x4_dotprod"
+GEMM_U8S8S32_4X4X16_I8MM = "gemm_u8s8s32_4x4x16_i8mm"
+GEMM_U8S8S32_4X4X4_I8MM = "gemm_u8s8s32_4x4x4_i8mm"
+GEMM_S8S8S32_2X2X8_I8MM = "gemm_s8s8s32_2x2x8_i8mm"
+GEMM_U8U8S32_2X2X8_I8MM = "gemm_u8u8s32_2x2x8_i8mm"
+GEMM_U8S8S32_2X2X8_I8MM = "gemm_u8s8s32_2x2x8_i8mm"
+GEMM_BF16BF16F32_2X2X4_BF16 = "gemm_bf16bf16f32_2x2x4_bf16"
+
+
+@dataclasses.dataclass(frozen=True)
+class Kernel:
+    """One micro-kernel: C[mr, nr] += A[mr, kr] · B[nr, kr]^T on packed A and B.
+
+    ``features`` are TVM target feature names (``target.features.<name>``) the target must
+    have; ``instructions`` the mnemonics the emitted assembly contains; ``form`` how the
+    instruction is used ("matrix", "by_element", "by_vector", "widening" or "scalar");
+    ``module`` the file in this package whose ``impl(kernel)`` builds the instruction
+    sequence (None: the scalar reference, which is never tensorized).
+    """
+
+    name: str
+    mr: int
+    nr: int
+    kr: int
+    a_dtype: str
+    b_dtype: str
+    acc_dtype: str
+    isa: str
+    features: tuple[str, ...]
+    instructions: tuple[str, ...]
+    form: str
+    module: str | None
+    summary: str
+
+    def __post_init__(self):
+        want = kernel_name(self.a_dtype, self.b_dtype, self.acc_dtype, self.mr, self.nr,
+                           self.kr, self.isa)
+        if self.name != want:
+            raise ValueError(f"kernel {self.name!r} breaks the naming grammar: its "
+                             f"properties spell {want!r}")
+        unknown = [f for f in self.features if f not in FEATURE_MATTR]
+        if unknown:
+            raise ValueError(f"kernel {self.name}: unknown target features {unknown}")
+
+    @property
+    def intrin(self) -> str | None:
+        """The registered TensorIntrin name (the kernel name), None for the reference."""
+        return None if self.module is None else self.name
+
+    @property
+    def a_layout(self) -> str:
+        return f"[M/{self.mr}, K/{self.kr}, {self.mr}, {self.kr}]"
+
+    @property
+    def b_layout(self) -> str:
+        return f"[N/{self.nr}, K/{self.kr}, {self.nr}, {self.kr}]"
+
+    def a_packed_shape(self, m: int, k: int) -> tuple[int, int, int, int]:
+        """Shape of packed A for an M x K operand (M a multiple of mr; K padded up to kr)."""
+        if m % self.mr:
+            raise ValueError(f"{self.name}: M={m} is not a multiple of mr={self.mr}")
+        return (m // self.mr, -(-k // self.kr), self.mr, self.kr)
+
+    def b_packed_shape(self, n: int, k: int) -> tuple[int, int, int, int]:
+        """Shape of packed B for an N x K operand (N a multiple of nr; K padded up to kr)."""
+        if n % self.nr:
+            raise ValueError(f"{self.name}: N={n} is not a multiple of nr={self.nr}")
+        return (n // self.nr, -(-k // self.kr), self.nr, self.kr)
+
+
+def _ref(a, b, acc, name):
+    return Kernel(name, 1, 1, 1, a, b, acc, "ref", (), (), "scalar", None,
+                  "portable scalar loops, no tensorize (any target)")
+
+
+# ONE ordered table, from the bottom rung (portable reference) to the top (i8mm / bf16).
+# ``select`` walks it from the top and returns the first kernel the target can run.
+TABLE: tuple[Kernel, ...] = (
+    _ref("int8", "int8", "int32", GEMM_S8S8S32_1X1X1_REF),
+    _ref("uint8", "uint8", "int32", GEMM_U8U8S32_1X1X1_REF),
+    _ref("uint8", "int8", "int32", GEMM_U8S8S32_1X1X1_REF),
+    _ref("int8", "uint8", "int32", GEMM_S8U8S32_1X1X1_REF),
+    _ref("bfloat16", "bfloat16", "float32", GEMM_BF16BF16F32_1X1X1_REF),
+    # Armv8.0: widening multiply, pairwise accumulate long, pairwise add (neon.py)
+    Kernel(GEMM_S8S8S32_4X4X16_NEON, 4, 4, 16, "int8", "int8", "int32", "neon",
+           ("has_asimd",), ("smull", "smull2", "sadalp", "addp"), "widening", "neon",
+           "smull/smull2 + saddlp/sadalp + addp (Armv8.0)"),
+    Kernel(GEMM_U8U8S32_4X4X16_NEON, 4, 4, 16, "uint8", "uint8", "int32", "neon",
+           ("has_asimd",), ("umull", "umull2", "uadalp", "addp"), "widening", "neon",
+           "umull/umull2 + uaddlp/uadalp + addp (Armv8.0)"),
+    # Armv8.2 dot product, by vector: the drop-in for the neon kernel's 4x4x16 block (dot.py)
+    Kernel(GEMM_S8S8S32_4X4X16_DOTPROD, 4, 4, 16, "int8", "int8", "int32", "dotprod",
+           ("has_dotprod",), ("sdot", "addp"), "by_vector", "dot",
+           "sdot (by vector) + addp"),
+    Kernel(GEMM_U8U8S32_4X4X16_DOTPROD, 4, 4, 16, "uint8", "uint8", "int32", "dotprod",
+           ("has_dotprod",), ("udot", "addp"), "by_vector", "dot",
+           "udot (by vector) + addp"),
+    # Armv8.2 dot product, by element: one instruction per row of C (dot.py)
+    Kernel(GEMM_S8S8S32_4X4X4_DOTPROD, 4, 4, 4, "int8", "int8", "int32", "dotprod",
+           ("has_dotprod",), ("sdot",), "by_element", "dot", "sdot (by element)"),
+    Kernel(GEMM_U8U8S32_4X4X4_DOTPROD, 4, 4, 4, "uint8", "uint8", "int32", "dotprod",
+           ("has_dotprod",), ("udot",), "by_element", "dot", "udot (by element)"),
+    # Armv8.6 int8 matrix multiply extension: mixed-sign dot products (dot.py)
+    Kernel(GEMM_U8S8S32_4X4X16_I8MM, 4, 4, 16, "uint8", "int8", "int32", "i8mm",
+           ("has_matmul_i8",), ("usdot", "addp"), "by_vector", "dot",
+           "usdot (by vector) + addp"),
+    Kernel(GEMM_U8S8S32_4X4X4_I8MM, 4, 4, 4, "uint8", "int8", "int32", "i8mm",
+           ("has_matmul_i8",), ("sudot",), "by_element", "dot",
+           "sudot (by element: the unsigned operand is the indexed one)"),
+    # Armv8.6 int8 matrix multiply-accumulate (mmla.py)
+    Kernel(GEMM_S8S8S32_2X2X8_I8MM, 2, 2, 8, "int8", "int8", "int32", "i8mm",
+           ("has_matmul_i8",), ("smmla",), "matrix", "mmla", "smmla"),
+    Kernel(GEMM_U8U8S32_2X2X8_I8MM, 2, 2, 8, "uint8", "uint8", "int32", "i8mm",
+           ("has_matmul_i8",), ("ummla",), "matrix", "mmla", "ummla"),
+    Kernel(GEMM_U8S8S32_2X2X8_I8MM, 2, 2, 8, "uint8", "int8", "int32", "i8mm",
+           ("has_matmul_i8",), ("usmmla",), "matrix", "mmla", "usmmla"),
+    # Armv8.6 BFloat16 extension (mmla.py)
+    Kernel(GEMM_BF16BF16F32_2X2X4_BF16, 2, 2, 4, "bfloat16", "bfloat16", "float32", "bf16",
+           ("has_bf16",), ("bfmmla",), "matrix", "mmla", "bfmmla"),
+)
+KERNELS: dict[str, Kernel] = {k.name: k for k in TABLE}
+assert len(KERNELS) == len(TABLE), "kernel names must be unique"
+
+
+def get(name: str) -> Kernel:
+    """The kernel called ``name``."""
+    try:
+        return KERNELS[name]
+    except KeyError:
+        raise KeyError(f"no micro-kernel {name!r}; known: {', '.join(KERNELS)}") from None
+
+
+# --------------------------------------------------------------- targets
+class MissingTargetFeature(ValueError):
+    """A kernel was asked for on a target that lacks the instruction it is built on."""
+
+
+def as_target(target):
+    """A ``tvm.target.Target`` from a Target, a JSON dict, an ISA level or core preset name
+    (``neon``, ``dotprod``, ``i8mm``, ``cortex-a76``, ...), or a target string."""
+    import tvm
+
+    from tvm_armq import targets
+
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and not target.lstrip().startswith("{"):
+        try:
+            return tvm.target.Target(targets.target(target))
+        except targets.UnknownIsaError:
+            pass
+    return tvm.target.Target(target)
+
+
+def target_has(target, feature: str) -> bool:
+    """Whether ``target`` has TVM target feature ``feature`` (``has_dotprod``, ...).
+
+    TVM 0.27 derives ``target.features`` from LLVM for has_asimd/has_dotprod/has_matmul_i8
+    but has no ``has_bf16``; for that one an explicit ``+bf16``/``-bf16`` in ``mattr``
+    decides, else LLVM is asked whether the target's cpu/attributes imply FEAT_BF16 (as
+    ``+v8.6a`` or ``mcpu=neoverse-n2`` do).
+    """
+    target = as_target(target)
+    value = getattr(target.features, feature, None)
+    if value is not None:
+        return bool(value)
+    if feature != "has_bf16" or not getattr(target.features, "is_aarch64", False):
+        return False
+    mattr = [str(m) for m in target.attrs.get("mattr", [])]
+    if "-bf16" in mattr:
+        return False
+    if "+bf16" in mattr:
+        return True
+    try:
+        from tvm.target.codegen import target_has_features
+
+        return bool(target_has_features("bf16", target))
+    except Exception:  # noqa: BLE001 - no LLVM to ask: only the explicit mattr counts
+        return False
+
+
+def missing_features(kernel: Kernel, target) -> list[str]:
+    return [f for f in kernel.features if not target_has(target, f)]
+
+
+def require(kernel: Kernel, target) -> Kernel:
+    """``kernel`` if ``target`` can run it; otherwise a ``MissingTargetFeature`` that names
+    the kernel, the missing feature(s) and the target."""
+    target = as_target(target)
+    missing = missing_features(kernel, target)
+    if missing:
+        need = ", ".join(f"{f} ({FEATURE_MATTR[f]})" for f in missing)
+        best = select(target, kernel.a_dtype, kernel.b_dtype)
+        raise MissingTargetFeature(
+            f"kernel {kernel.name} ({kernel.summary}) needs target feature {need}, which "
+            f"target {target} does not have; the best kernel for it is {best.name} "
+            f"(kernels.select)")
+    return kernel
+
+
+def _dtype(d) -> str:
+    return str(d)
+
+
+def select(target, a_dtype, b_dtype) -> Kernel:
+    """The best kernel in ``TABLE`` for ``a_dtype`` x ``b_dtype`` whose features ``target``
+    has (the scalar reference when no instruction fits)."""
+    target = as_target(target)
+    a, b = _dtype(a_dtype), _dtype(b_dtype)
+    for kernel in reversed(TABLE):
+        if (kernel.a_dtype, kernel.b_dtype) == (a, b) and not missing_features(kernel, target):
+            return kernel
+    pairs = sorted({(k.a_dtype, k.b_dtype) for k in TABLE})
+    raise ValueError(f"no micro-kernel multiplies {a} by {b}; supported pairs: {pairs}")
+
+
+# ------------------------------------------------------------- desc / impl
+def desc(kernel: Kernel):
+    """The scalar reference of ``kernel`` as a TVMScript PrimFunc (the TensorIntrin desc):
+    C[i, j] += acc(A[i, k]) * acc(B[j, k]) over i < mr, j < nr, k < kr."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    a_dt, b_dt, c_dt = kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype
+
+    @T.prim_func(s_tir=True)
+    def gemm_block(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, (mr, kr), a_dt, offset_factor=1)
+        B = T.match_buffer(b, (nr, kr), b_dt, offset_factor=1)
+        ldc = T.int32()
+        C = T.match_buffer(c, (mr, nr), c_dt, offset_factor=1, strides=[ldc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kr], B[0:nr, 0:kr])
+            T.writes(C[0:mr, 0:nr])
+            for i, j, k in T.grid(mr, nr, kr):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast(c_dt, A[vi, vk]) * T.Cast(c_dt, B[vj, vk])
+
+    return gemm_block
+
+
+def build_impl(kernel: Kernel, emit):
+    """An impl PrimFunc with the same signature as ``desc(kernel)``: ``emit(A, B, C)`` adds
+    the instruction sequence (IRBuilder statements) inside the root block."""
+    from tvm.script import tirx as T
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    with IRBuilder() as ib:
+        with ir_prim_func():
+            T.func_name(kernel.name)
+            a = T.arg("a", T.handle())
+            b = T.arg("b", T.handle())
+            c = T.arg("c", T.handle())
+            A = T.match_buffer(a, (mr, kr), kernel.a_dtype, offset_factor=1)
+            B = T.match_buffer(b, (nr, kr), kernel.b_dtype, offset_factor=1)
+            C = T.match_buffer(c, (mr, nr), kernel.acc_dtype, offset_factor=1,
+                               strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(C[0:mr, 0:nr], A[0:mr, 0:kr], B[0:nr, 0:kr])
+                T.writes(C[0:mr, 0:nr])
+                emit(A, B, C)
+    return ib.get()
+
+
+def check_shape(kernel: Kernel, mr: int, nr: int, kr: int) -> None:
+    """Raise unless ``kernel`` has the block shape its instruction sequence computes."""
+    if (kernel.mr, kernel.nr, kernel.kr) != (mr, nr, kr):
+        raise ValueError(f"{kernel.name}: its instruction computes a {mr}x{nr}x{kr} block, "
+                         f"the record says {kernel.mr}x{kernel.nr}x{kernel.kr}")
+
+
+def impl(kernel: Kernel):
+    """The impl PrimFunc of ``kernel`` (from the module that implements its instruction)."""
+    if kernel.module is None:
+        raise ValueError(f"{kernel.name} is the scalar reference: it has no instruction "
+                         "sequence and is never tensorized (leave its loops as they are)")
+    module = importlib.import_module(f".{kernel.module}", __package__)
+    return module.impl(kernel)
+
+
+def register(kernel: Kernel) -> str:
+    """Register ``kernel``'s TensorIntrin (once) and return its name."""
+    from tvm.s_tir import TensorIntrin
+
+    if kernel.intrin is None:
+        raise ValueError(f"{kernel.name} is the scalar reference: there is no TensorIntrin")
+    if TensorIntrin.get(kernel.intrin, allow_missing=True) is None:
+        TensorIntrin.register(kernel.intrin, desc(kernel), impl(kernel))
+    return kernel.intrin
+
+
+def register_all() -> list[str]:
+    """Register the TensorIntrin of every tensorizable kernel in ``TABLE``."""
+    return [register(k) for k in TABLE if k.intrin is not None]
+
+
+# --------------------------------------------------------------- tensorize
+class TensorizeUnavailable(RuntimeError):
+    """``Schedule.tensorize`` would crash the process in this Python environment."""
+
+
+@functools.lru_cache(maxsize=None)
+def _ir_serialization_works() -> bool:
+    # Schedule.tensorize deep-copies the intrinsic through TVM's JSON serializer. With
+    # apache-tvm-ffi 0.1.15.x under apache-tvm 0.27.0.post1 that serializer segfaults on
+    # any IR node, which would kill the calling process; probe it in a child process.
+    code = "import tvm; tvm.ir.save_json(tvm.ir.PrimType('int32'))"
+    try:
+        res = subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=300)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return res.returncode == 0
+
+
+def tensorize(sch, loop, kernel: Kernel, target) -> None:
+    """Tensorize the block loop nest under ``loop`` with ``kernel`` for ``target``.
+
+    ``loop`` is the outermost of the (mr, nr, kr) loops of a block computing
+    ``C[.., ..] += acc(A_packed[.., .., i, k]) * acc(B_packed[.., .., j, k])`` without an
+    init (``decompose_reduction`` first). Raises ``MissingTargetFeature`` when the target
+    cannot run the kernel, before anything reaches LLVM.
+    """
+    require(kernel, target)
+    if kernel.intrin is None:
+        raise ValueError(f"{kernel.name} is the scalar reference: nothing to tensorize")
+    if not _ir_serialization_works():
+        try:
+            from importlib.metadata import version
+
+            ffi = version("apache-tvm-ffi")
+        except Exception:  # noqa: BLE001
+            ffi = "?"
+        raise TensorizeUnavailable(
+            f"Schedule.tensorize would crash this process: TVM's IR serialization "
+            f"(tvm.ir.save_json, which tensorize uses to copy the intrinsic) segfaults with "
+            f"apache-tvm-ffi {ffi} under apache-tvm 0.27.0.post1. Install a matching FFI: "
+            f"pip install 'apache-tvm-ffi<0.1.15' (0.1.14.post1 works)")
+    sch.tensorize(loop, register(kernel))

@@ -1,0 +1,88 @@
+"""The Armv8.0 int8 micro-kernel: smull/umull + saddlp/sadalp (uaddlp/uadalp) + addp.
+
+Plain Advanced SIMD (Cortex-A53/A72) has no int8 dot product, so a 4x4 block of C over 16
+values of K (math: 4 x 16 · 16 x 4 → 4 x 4) is built from widening multiplies and pairwise
+widening adds, the design of TVM's original arm_cpu ``gemm_quantized`` int8 kernel:
+
+    Va_i = A[i, 0:16]   (row i of the packed A block, one 128-bit register)
+    Vb_j = B[j, 0:16]   (row j of the packed B block)
+
+    for each (i, j):
+      lo   = smull  Va_i.8b,  Vb_j.8b      int16 x 8: A[i, k] * B[j, k], k = 0..7
+      hi   = smull2 Va_i.16b, Vb_j.16b     int16 x 8: A[i, k] * B[j, k], k = 8..15
+      S_ij = saddlp lo                      int32 x 4: lo[0]+lo[1] | lo[2]+lo[3] | ...
+      S_ij = sadalp S_ij, hi                int32 x 4: += hi[0]+hi[1] | hi[2]+hi[3] | ...
+    C[i, 0:4] += addp(addp(S_i0, S_i1), addp(S_i2, S_i3))
+              =  | sum(S_i0) | sum(S_i1) | sum(S_i2) | sum(S_i3) |
+
+(umull/umull2 + uaddlp/uadalp for uint8 x uint8, accumulated in int32.)
+
+Overflow rule. An int8 x int8 product lies in [-16256, 16384] and always fits int16, so
+smull is exact. A SUM of two products in int16 is not: it overflows exactly when both are
+(-128) x (-128) = 16384, since 16384 + 16384 = 32768 > 32767 (every other pair stays within
+[-32512, 32640]). The RFC-era kernel did exactly that sum (smull, then smlal adding the
+second product into the same int16 lanes), so it was exact only as long as no lane ever
+paired two (-128) x (-128) products. This kernel never adds two products in 16 bits:
+saddlp/sadalp widen each int16 product to int32 BEFORE adding the pair, so the block is
+exact on the whole int8 range, -128 included (tests/test_intrinsics.py runs all -128
+inputs). For uint8, umull products are at most 255 x 255 = 65025 < 2**16 and uadalp widens
+likewise. Sums are exact while they fit int32: K <= 131071 for int8, K <= 33025 for uint8.
+"""
+
+from __future__ import annotations
+
+from . import kernels
+from .kernels import Kernel
+
+# dtype of both operands -> (widening multiply, pairwise add long, product vector dtype)
+WIDENING = {
+    "int8": ("llvm.aarch64.neon.smull.v8i16", "llvm.aarch64.neon.saddlp.v4i32.v8i16", "int16"),
+    "uint8": ("llvm.aarch64.neon.umull.v8i16", "llvm.aarch64.neon.uaddlp.v4i32.v8i16",
+              "uint16"),
+}
+ADDP = "llvm.aarch64.neon.addp.v4i32"
+KERNELS = tuple(k for k in kernels.TABLE if k.module == "neon")
+
+_HALF = 8  # int8 lanes a widening multiply takes from each 128-bit row (one half)
+_LANES = 4  # int32 lanes of the accumulator
+
+
+def impl(kernel: Kernel):
+    """The impl PrimFunc of the Armv8.0 kernel (see the module docstring)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    if kernel not in KERNELS:
+        raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
+    if kernel.a_dtype != kernel.b_dtype:
+        raise ValueError(f"{kernel.name}: smull/umull need operands of one signedness")
+    kernels.check_shape(kernel, _LANES, _LANES, 2 * _HALF)
+    mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    half = f"{kernel.a_dtype}x{_HALF}"
+    acc = f"int32x{_LANES}"
+
+    def halves(buf, r):
+        v = T.bind(buf.vload([r, 0], f"{kernel.a_dtype}x{kr}"))
+        return tirx.vectorlow(half, v), tirx.vectorhigh(half, v)
+
+    def emit(A, B, C):
+        a_rows = [halves(A, i) for i in range(mr)]
+        b_rows = [halves(B, j) for j in range(nr)]
+        for i in range(mr):
+            s = []
+            for j in range(nr):
+                lo = tirx.call_llvm_pure_intrin(f"{prod_dtype}x{_HALF}", mull,
+                                                a_rows[i][0], b_rows[j][0])
+                hi = tirx.call_llvm_pure_intrin(f"{prod_dtype}x{_HALF}", mull,
+                                                a_rows[i][1], b_rows[j][1])
+                # addlp(lo) + addlp(hi): LLVM folds the add into the accumulating sadalp
+                s.append(tirx.call_llvm_pure_intrin(acc, addlp, lo)
+                         + tirx.call_llvm_pure_intrin(acc, addlp, hi))
+            pairs = [tirx.call_llvm_pure_intrin(acc, ADDP, s[j], s[j + 1])
+                     for j in range(0, nr, 2)]
+            row = tirx.call_llvm_pure_intrin(acc, ADDP, *pairs)
+            T.buffer_store(C, C.vload([i, 0], f"{kernel.acc_dtype}x{nr}") + row,
+                           [i, tirx.Ramp(0, 1, nr)])
+
+    return kernels.build_impl(kernel, emit)

@@ -1,0 +1,382 @@
+"""The GEMM micro-kernel tensor intrinsics run exactly on the level that has their instruction.
+
+For every kernel of ``intrinsics/kernels.py`` a small GEMM over packed A and B (K aligned to
+the block, and K with a tail that packing zero-pads, as the GEMM schedules' packing stage
+does) is tensorized with
+``tvm.s_tir.Schedule.tensorize``, compiled for the LOWEST ISA level whose target has the
+kernel's features, run on that level's device and compared exactly with NumPy (int8: exact
+integer products; bf16: a NumPy model of BFMMLA's rounding). The emitted assembly must
+contain the kernel's instruction in the kernel's own function. All kernels of a level are
+functions of one IRModule: one compile, one upload, one session per level.
+
+The selection table: each level gets its own kernel, and asking for a kernel on a target
+that lacks its instruction is a clear ``MissingTargetFeature``, not an LLVM crash.
+"""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from tvm_armq import build
+from tvm_armq.intrinsics import kernels
+from tvm_armq.targets import LEVELS
+
+pytestmark = pytest.mark.device
+
+
+def lowest_level(kernel) -> str:
+    """The most portable ISA level whose target has every feature ``kernel`` needs."""
+    for name, lvl in LEVELS.items():
+        if not kernels.missing_features(kernel, lvl.target()):
+            return name
+    raise AssertionError(f"no ISA level runs {kernel.name}")
+
+
+KERNELS_AT = {name: [k for k in kernels.TABLE if lowest_level(k) == name] for name in LEVELS}
+TENSORIZED = [k for k in kernels.TABLE if k.intrin is not None]
+REFERENCES = [k for k in kernels.TABLE if k.intrin is None]
+
+
+# ------------------------------------------------------------------ the GEMMs
+def shapes(kernel) -> dict[str, tuple[int, int, int]]:
+    """(M, N, K) per case: K a multiple of kr, and K with a tail of about half a block."""
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    return {"aligned": (2 * mr, 3 * nr, 3 * kr),
+            "k_tail": (3 * mr, 2 * nr, 2 * kr + kr // 2 + 1)}
+
+
+def func_name(kernel, case: str) -> str:
+    return f"{kernel.name}__{case}"
+
+
+def gemm(kernel, m: int, n: int, k: int):
+    """C[M, N] = A[M, K] · B[N, K]^T over A and B packed in the kernel's layouts
+    (A_packed[M/mr, K/kr, mr, kr], B_packed[N/nr, K/kr, nr, kr]): one block per (mo, no, ko).
+    """
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    a_shape, b_shape = kernel.a_packed_shape(m, k), kernel.b_packed_shape(n, k)
+    mo_, ko_, no_ = a_shape[0], a_shape[1], b_shape[0]
+    a_dt, b_dt, c_dt = kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype
+
+    @T.prim_func(s_tir=True)
+    def main(Ap: T.Buffer(a_shape, a_dt), Bp: T.Buffer(b_shape, b_dt),
+             C: T.Buffer((m, n), c_dt)):
+        T.func_attr({"tir.noalias": True})
+        for mo, no, ko, mi, ni, ki in T.grid(mo_, no_, ko_, mr, nr, kr):
+            with T.sblock("gemm"):
+                vmo, vno, vko, vmi, vni, vki = T.axis.remap("SSRSSR", [mo, no, ko, mi, ni, ki])
+                with T.init():
+                    C[vmo * mr + vmi, vno * nr + vni] = T.Cast(c_dt, 0)
+                C[vmo * mr + vmi, vno * nr + vni] = (
+                    C[vmo * mr + vmi, vno * nr + vni]
+                    + T.Cast(c_dt, Ap[vmo, vko, vmi, vki]) * T.Cast(c_dt, Bp[vno, vko, vni, vki]))
+
+    return main
+
+
+def pack(x: np.ndarray, rows: int, kr: int) -> np.ndarray:
+    """[R, K] -> [R/rows, ceil(K/kr), rows, kr], the K tail zero-padded: what the GEMM
+    schedules' packing stage hands the micro-kernel."""
+    r, k = x.shape
+    kp = -(-k // kr) * kr
+    padded = np.zeros((r, kp), x.dtype)
+    padded[:, :k] = x
+    blocks = padded.reshape(r // rows, rows, kp // kr, kr).transpose(0, 2, 1, 3)
+    return np.ascontiguousarray(blocks)
+
+
+def scheduled(kernel, m, n, k, target):
+    """The GEMM with its (mr, nr, kr) block tensorized by ``kernel`` (reference: untouched)."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(gemm(kernel, m, n, k))
+    if kernel.intrin is not None:
+        block = sch.get_sblock("gemm")
+        loops = sch.get_loops(block)  # mo, no, ko, mi, ni, ki
+        sch.decompose_reduction(block, loops[2])
+        kernels.tensorize(sch, loops[3], kernel, target)
+    return sch.mod["main"]
+
+
+class LevelBuild:
+    """All kernels of one level: one IRModule, one compile, one upload, one session."""
+
+    def __init__(self, level: str, devices, tmp_dir):
+        import tvm
+
+        target = LEVELS[level].target()
+        funcs = {}
+        for kernel in KERNELS_AT[level]:
+            for case, (m, n, k) in shapes(kernel).items():
+                name = func_name(kernel, case)
+                funcs[name] = scheduled(kernel, m, n, k, target).with_attr("global_symbol",
+                                                                           name)
+        lib = tvm.compile(tvm.IRModule(funcs), target=target)
+        self.asm = lib.mod.inspect_source("asm")
+        path = build.export_aarch64(lib, tmp_dir / f"intrinsics_{level}.so")
+        self.sess = devices.session(level)
+        self.sess.upload(str(path))
+        self.rmod = self.sess.load_module(path.name)
+        self.dev = self.sess.cpu(0)
+
+    def function_asm(self, name: str) -> str:
+        """The assembly of the functions whose symbol mentions ``name``."""
+        parts = re.split(r"\n(?=\t\.type\t)", self.asm)
+        return "\n".join(p for p in parts if re.match(rf"\t\.type\t[^,\n]*{name}", p))
+
+    def run(self, kernel, case: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        import tvm
+
+        m, n = a.shape[0], b.shape[0]
+        ap, bp = pack(a, kernel.mr, kernel.kr), pack(b, kernel.nr, kernel.kr)
+        c = tvm.runtime.tensor(np.zeros((m, n), kernel.acc_dtype), self.dev)
+        self.rmod[func_name(kernel, case)](tvm.runtime.tensor(ap, self.dev),
+                                           tvm.runtime.tensor(bp, self.dev), c)
+        return c.numpy()
+
+
+@pytest.fixture(scope="module")
+def level_build(devices, tmp_path_factory):
+    built: dict[str, LevelBuild] = {}
+
+    def get(level: str) -> LevelBuild:
+        if level not in built:
+            built[level] = LevelBuild(level, devices, tmp_path_factory.mktemp(level))
+        return built[level]
+
+    return get
+
+
+# ------------------------------------------------------------------- operands
+def _np_dtype(dtype: str):
+    if dtype == "bfloat16":
+        import ml_dtypes
+
+        return ml_dtypes.bfloat16
+    return np.dtype(dtype)
+
+
+def int_operands(kernel, m, n, k, fill: str, seed: int = 0):
+    """Random operands over the full range of their types, or every element at its type's
+    extreme (int8: -128, uint8: 255) so that every product is the largest one."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for dtype, rows in ((kernel.a_dtype, m), (kernel.b_dtype, n)):
+        info = np.iinfo(dtype)
+        if fill == "extreme":
+            value = info.min if info.min < 0 else info.max
+            out.append(np.full((rows, k), value, dtype))
+        else:
+            out.append(rng.integers(info.min, info.max, (rows, k), dtype, endpoint=True))
+    return out
+
+
+def int_reference(a, b):
+    exact = a.astype(np.int64) @ b.astype(np.int64).T
+    assert np.abs(exact).max() < 2**31, "the test operands must not overflow int32"
+    return exact.astype(np.int32)
+
+
+# ---- BFMMLA's arithmetic (FPCR.EBF = 0, as Linux runs processes), modelled exactly:
+# for each output element, for each pair (k, k+1) of a block in order:
+#   acc = R(acc + R(R(a_k * b_k) + R(a_k+1 * b_k+1)))
+# where R rounds to float32 with round-to-odd (an inexact result gets its last mantissa bit
+# set; overflow goes to infinity) and flushes denormal results to zero; denormal inputs are
+# flushed to zero as well. Python Fractions keep every intermediate exact before R.
+_F32_MIN_NORMAL_EXP = -126
+_F32_MAX_EXP = 127
+_F32_MANTISSA = 23
+
+
+def _round_odd_f32(x: Fraction) -> Fraction:
+    if x == 0:
+        return Fraction(0)
+    sign, ax = (-1 if x < 0 else 1), abs(x)
+    e = ax.numerator.bit_length() - ax.denominator.bit_length()
+    if Fraction(2) ** e > ax:
+        e -= 1  # now 2**e <= ax < 2**(e+1)
+    if e < _F32_MIN_NORMAL_EXP:
+        return Fraction(0)  # denormal result: flushed
+    if e > _F32_MAX_EXP:
+        return Fraction(sign) * Fraction(10**400)  # overflow: "infinity" (never in the test)
+    ulp = Fraction(2) ** (e - _F32_MANTISSA)
+    q, r = divmod(ax, ulp)
+    q = int(q)
+    if r:
+        q |= 1
+    return sign * q * ulp
+
+
+def _ftz(x: Fraction) -> Fraction:
+    return Fraction(0) if x and abs(x) < Fraction(2) ** _F32_MIN_NORMAL_EXP else x
+
+
+def bfmmla_model(kernel, a, b) -> np.ndarray:
+    """C = A · B^T as the tensorized GEMM computes it: C starts at 0 and each K block of kr
+    (zero-padded) is one BFMMLA, whose two pairs are added in order."""
+    m, k = a.shape
+    n = b.shape[0]
+    kp = -(-k // kernel.kr) * kernel.kr
+    fa = [[_ftz(Fraction(float(v))) for v in row] + [Fraction(0)] * (kp - k) for row in a]
+    fb = [[_ftz(Fraction(float(v))) for v in row] + [Fraction(0)] * (kp - k) for row in b]
+    out = np.zeros((m, n), np.float32)
+    for i in range(m):
+        for j in range(n):
+            acc = Fraction(0)
+            for kk in range(0, kp, 2):
+                p0 = _round_odd_f32(fa[i][kk] * fb[j][kk])
+                p1 = _round_odd_f32(fa[i][kk + 1] * fb[j][kk + 1])
+                acc = _round_odd_f32(acc + _round_odd_f32(p0 + p1))
+            out[i, j] = float(acc)
+    return out
+
+
+def bf16_operands(kernel, m, n, k, fill: str, seed: int = 0):
+    """bf16 operands: normal(0, 1) samples rounded to bfloat16 (round to nearest even, as
+    ml_dtypes converts), or small integers (every product and sum exact)."""
+    rng = np.random.default_rng(seed)
+    bf16 = _np_dtype("bfloat16")
+    if fill == "integers":
+        return [rng.integers(-8, 8, (rows, k)).astype(np.float32).astype(bf16)
+                for rows in (m, n)]
+    return [rng.standard_normal((rows, k)).astype(np.float32).astype(bf16) for rows in (m, n)]
+
+
+# ---------------------------------------------------------------------- tests
+@pytest.mark.parametrize("kernel", TENSORIZED + REFERENCES, ids=lambda k: k.name)
+def test_kernel_is_exact_on_its_lowest_level(kernel, level_build):
+    """Aligned K and K with a zero-padded tail, random and extreme operands, exact."""
+    built = level_build(lowest_level(kernel))
+    for case, (m, n, k) in shapes(kernel).items():
+        if kernel.a_dtype == "bfloat16":
+            fills = ("integers",) if kernel.intrin is None else ("normal", "integers")
+            for seed, fill in enumerate(fills):
+                a, b = bf16_operands(kernel, m, n, k, fill, seed)
+                got = built.run(kernel, case, a, b)
+                if fill == "integers":  # exact in any order and rounding
+                    want = a.astype(np.float32) @ b.astype(np.float32).T
+                else:
+                    want = bfmmla_model(kernel, a, b)
+                np.testing.assert_array_equal(got, want, err_msg=f"{case}, {fill}")
+        else:
+            for seed, fill in enumerate(("random", "extreme")):
+                a, b = int_operands(kernel, m, n, k, fill, seed)
+                np.testing.assert_array_equal(built.run(kernel, case, a, b),
+                                              int_reference(a, b), err_msg=f"{case}, {fill}")
+
+
+def test_all_minus_128_is_exact(level_build):
+    """The int16 pair-sum trap: every product (-128) x (-128) = 16384, two of them 32768.
+    Each signed int8 kernel is exact on it (the neon kernel widens before adding pairs)."""
+    signed = [k for k in TENSORIZED if (k.a_dtype, k.b_dtype) == ("int8", "int8")]
+    assert kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON) in signed
+    for kernel in signed:
+        built = level_build(lowest_level(kernel))
+        m, n, k = shapes(kernel)["k_tail"]
+        a = np.full((m, k), -128, np.int8)
+        b = np.full((n, k), -128, np.int8)
+        got = built.run(kernel, "k_tail", a, b)
+        assert (got == 16384 * k).all(), (kernel.name, got)
+
+
+@pytest.mark.parametrize("kernel", TENSORIZED, ids=lambda k: k.name)
+def test_assembly_has_the_instruction(kernel, level_build):
+    """The kernel's own functions contain its instruction, in its form."""
+    asm = level_build(lowest_level(kernel)).function_asm(func_name(kernel, "aligned"))
+    assert asm, f"no assembly found for {kernel.name}"
+    mnemonics = set(re.findall(r"^\t([a-z0-9]+)\t", asm, re.M))
+    missing = [ins for ins in kernel.instructions if ins not in mnemonics]
+    assert not missing, f"{kernel.name}: {missing} not in its assembly"
+    main = kernel.instructions[0]
+    if kernel.form == "by_element":
+        assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]", asm), kernel.name
+    elif kernel.form == "by_vector":
+        assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), kernel.name
+    elif kernel.form == "matrix":
+        lanes = "8h" if kernel.a_dtype == "bfloat16" else "16b"
+        assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.{lanes}, v\d+\.{lanes}\n", asm)
+
+
+# ------------------------------------------------------------ the selection table
+def test_names_follow_the_grammar_and_are_the_intrinsic_names():
+    from tvm.s_tir import TensorIntrin
+
+    for kernel in kernels.TABLE:
+        assert kernels.NAME_RE.match(kernel.name), kernel.name
+        assert kernel.name == kernels.kernel_name(kernel.a_dtype, kernel.b_dtype,
+                                                  kernel.acc_dtype, kernel.mr, kernel.nr,
+                                                  kernel.kr, kernel.isa)
+    for name in kernels.register_all():
+        assert TensorIntrin.get(name) is not None
+        assert name == kernels.get(name).intrin
+    assert kernels.TABLE[0].isa == "ref"  # the bottom rung answers for every target
+
+
+@pytest.mark.parametrize("level, a, b, want", [
+    ("neon", "int8", "int8", kernels.GEMM_S8S8S32_4X4X16_NEON),
+    ("dotprod", "int8", "int8", kernels.GEMM_S8S8S32_4X4X4_DOTPROD),
+    ("i8mm", "int8", "int8", kernels.GEMM_S8S8S32_2X2X8_I8MM),
+    ("neon", "uint8", "uint8", kernels.GEMM_U8U8S32_4X4X16_NEON),
+    ("dotprod", "uint8", "uint8", kernels.GEMM_U8U8S32_4X4X4_DOTPROD),
+    ("i8mm", "uint8", "uint8", kernels.GEMM_U8U8S32_2X2X8_I8MM),
+    ("neon", "uint8", "int8", kernels.GEMM_U8S8S32_1X1X1_REF),
+    ("dotprod", "uint8", "int8", kernels.GEMM_U8S8S32_1X1X1_REF),
+    ("i8mm", "uint8", "int8", kernels.GEMM_U8S8S32_2X2X8_I8MM),
+    ("i8mm", "int8", "uint8", kernels.GEMM_S8U8S32_1X1X1_REF),
+    ("neon", "bfloat16", "bfloat16", kernels.GEMM_BF16BF16F32_1X1X1_REF),
+    ("dotprod", "bfloat16", "bfloat16", kernels.GEMM_BF16BF16F32_1X1X1_REF),
+    ("i8mm", "bfloat16", "bfloat16", kernels.GEMM_BF16BF16F32_2X2X4_BF16),
+    ("cortex-a76", "int8", "int8", kernels.GEMM_S8S8S32_4X4X4_DOTPROD),
+    ({"kind": "llvm", "mtriple": "x86_64-linux-gnu"}, "int8", "int8",
+     kernels.GEMM_S8S8S32_1X1X1_REF),
+])
+def test_select_picks_the_best_kernel_the_target_has(level, a, b, want):
+    assert kernels.select(level, a, b).name == want
+
+
+def test_bf16_feature_without_explicit_mattr():
+    """TVM 0.27 has no target.features.has_bf16: +bf16 in mattr, or LLVM's knowledge of
+    the cpu, decides."""
+    base = {"kind": "llvm", "mtriple": "aarch64-linux-gnu"}
+    assert kernels.target_has({**base, "mcpu": "neoverse-n2"}, "has_bf16")
+    assert kernels.target_has({**base, "mattr": ["+neon", "+bf16"]}, "has_bf16")
+    assert not kernels.target_has({**base, "mattr": ["+v8.6a", "-bf16"]}, "has_bf16")
+    assert not kernels.target_has(LEVELS["dotprod"].target(), "has_bf16")
+    assert kernels.select({**base, "mcpu": "neoverse-n2"}, "bfloat16", "bfloat16").name == \
+        kernels.GEMM_BF16BF16F32_2X2X4_BF16
+
+
+@pytest.mark.parametrize("name, level, feature", [
+    (kernels.GEMM_S8S8S32_2X2X8_I8MM, "dotprod", "has_matmul_i8"),
+    (kernels.GEMM_U8S8S32_4X4X4_I8MM, "neon", "has_matmul_i8"),
+    (kernels.GEMM_S8S8S32_4X4X4_DOTPROD, "neon", "has_dotprod"),
+    (kernels.GEMM_BF16BF16F32_2X2X4_BF16, "dotprod", "has_bf16"),
+])
+def test_require_names_kernel_feature_and_target(name, level, feature):
+    kernel = kernels.get(name)
+    target = kernels.as_target(level)
+    with pytest.raises(kernels.MissingTargetFeature) as err:
+        kernels.require(kernel, target)
+    msg = str(err.value)
+    assert name in msg and feature in msg and kernels.FEATURE_MATTR[feature] in msg
+    assert str(target) in msg
+    assert kernels.require(kernel, "i8mm") is kernel
+
+
+def test_tensorize_for_a_target_without_the_instruction_is_the_clear_error():
+    """Not an LLVM crash at compile time: the error comes before the schedule changes."""
+    import tvm
+
+    kernel = kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM)
+    sch = tvm.s_tir.Schedule(gemm(kernel, *shapes(kernel)["aligned"]))
+    block = sch.get_sblock("gemm")
+    loops = sch.get_loops(block)
+    sch.decompose_reduction(block, loops[2])
+    with pytest.raises(kernels.MissingTargetFeature, match="has_matmul_i8"):
+        kernels.tensorize(sch, loops[3], kernel, LEVELS["neon"].target())
