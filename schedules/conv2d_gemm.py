@@ -22,6 +22,10 @@ is sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of
 the layer: ``fold_bias`` merges them into one int32 vector at compile time, so
 the GEMM runs on raw int8 input. Padding with zp_a keeps the identity exact.
 
+Groups: a grouped convolution is ``groups`` independent GEMMs, each over its own
+slice of input channels (K = kh * kw * in_c / groups) and output channels
+(N = out_c / groups); every packed operand gets a leading group axis.
+
 Epilogue, per output element (n = output channel):
 
     out = clamp(qmuls(acc + folded_bias[n], multiplier[n], 31, shift[n]) + zp_out, lo, hi)
@@ -38,7 +42,11 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Conv2DShape:
-    """A quantized NHWC conv2d's geometry (weights HWIO). Padding is (top, left, bottom, right)."""
+    """A quantized NHWC conv2d's geometry (weights HWIO with in_c / groups input channels).
+
+    Padding is (top, left, bottom, right). A dense layer is the 1x1 case on a 1x1 image:
+    ``Conv2DShape.dense(rows, k, n)``.
+    """
 
     batch: int
     in_h: int
@@ -50,6 +58,19 @@ class Conv2DShape:
     strides: tuple[int, int] = (1, 1)
     dilation: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+    groups: int = 1
+
+    def __post_init__(self):
+        if self.in_c % self.groups or self.out_c % self.groups:
+            raise ValueError(f"conv2d: {self.groups} groups do not divide in_c={self.in_c} "
+                             f"and out_c={self.out_c}")
+        if self.out_h < 1 or self.out_w < 1:
+            raise ValueError(f"conv2d: {self} has an empty output")
+
+    @classmethod
+    def dense(cls, rows: int, k: int, n: int) -> "Conv2DShape":
+        """A fully connected layer (batch matmul rows x k times k x n) as a 1x1 convolution."""
+        return cls(rows, 1, 1, k, n, 1, 1)
 
     @property
     def out_h(self) -> int:
@@ -66,12 +87,22 @@ class Conv2DShape:
         return self.batch * self.out_h * self.out_w
 
     @property
+    def group_in_c(self) -> int:
+        return self.in_c // self.groups
+
+    @property
     def gemm_k(self) -> int:
-        return self.kh * self.kw * self.in_c
+        """K of one group's GEMM."""
+        return self.kh * self.kw * self.group_in_c
+
+    @property
+    def gemm_n(self) -> int:
+        """N of one group's GEMM."""
+        return self.out_c // self.groups
 
     @property
     def is_pointwise(self) -> bool:
-        """1x1, stride 1, no padding: A is the input itself, no im2col needed."""
+        """1x1, stride 1, no padding: A is the input itself, no im2col gather needed."""
         return (self.kh, self.kw, self.strides, self.padding) == (1, 1, (1, 1), (0, 0, 0, 0))
 
 
@@ -79,15 +110,19 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def pack_weights(weight_hwio: np.ndarray, mr_nr_kr) -> np.ndarray:
-    """HWIO weights -> B_packed[N/nr, K/kr, nr, kr] (zero padded). Runs once, at compile time."""
+def pack_weights(weight_hwio: np.ndarray, mr_nr_kr, groups: int = 1) -> np.ndarray:
+    """HWIO weights -> B_packed[groups, N/nr, K/kr, nr, kr], zero padded.
+
+    Runs once, at compile time (the weights are constants of the model).
+    """
     _, nr, kr = mr_nr_kr
-    kh, kw, c, n = weight_hwio.shape
-    k = kh * kw * c
-    b = np.zeros((_ceil_div(n, nr) * nr, _ceil_div(k, kr) * kr), weight_hwio.dtype)
-    b[:n, :k] = weight_hwio.reshape(k, n).T
+    kh, kw, cg, n = weight_hwio.shape
+    k, ng = kh * kw * cg, n // groups
+    b = np.zeros((groups, _ceil_div(ng, nr) * nr, _ceil_div(k, kr) * kr), weight_hwio.dtype)
+    for g in range(groups):
+        b[g, :ng, :k] = weight_hwio[..., g * ng:(g + 1) * ng].reshape(k, ng).T
     return np.ascontiguousarray(
-        b.reshape(-1, nr, b.shape[1] // kr, kr).transpose(0, 2, 1, 3))
+        b.reshape(groups, -1, nr, b.shape[2] // kr, kr).transpose(0, 1, 3, 2, 4))
 
 
 def fold_bias(weight_hwio: np.ndarray, bias: np.ndarray, in_zp: int) -> np.ndarray:
@@ -102,8 +137,10 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
                    in_zp: int, out_zp: int, act_range: tuple[int, int]):
     """TE tensors of the conv2d GEMM: (inputs..., output) for ``te.create_prim_func``.
 
-    Inputs: data NHWC, B_packed, folded bias [N], multiplier [N], shift [N]. Output: the
-    NHWC result as [batch * out_h * out_w, out_c] (a reshape away from NHWC, no copy).
+    Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
+    [out_c], shift [out_c]. Output: the NHWC result viewed as
+    [batch * out_h * out_w, groups, out_c / groups] (same bytes; the flat pixel index
+    keeps the tile arithmetic m // mr, m % mr simple for the scheduler).
     Stages, by name: ``A_packed`` (im2col + pack), ``gemm`` (int32 blocks), ``output``.
     """
     from tvm import te, tirx
@@ -111,47 +148,51 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     from tvm_armq.intrinsics.qmuls import qmuls
 
     mr, nr, kr = mr_nr_kr
-    s = shape
-    m_total, k_total, n_total = s.gemm_m, s.gemm_k, s.out_c
-    mb, kb, nb = _ceil_div(m_total, mr), _ceil_div(k_total, kr), _ceil_div(n_total, nr)
+    s, G = shape, shape.groups
+    m_total, k_total, n_group = s.gemm_m, s.gemm_k, s.gemm_n
+    mb, kb, nb = _ceil_div(m_total, mr), _ceil_div(k_total, kr), _ceil_div(n_group, nr)
     pt, pl, _, _ = s.padding
     (sh, sw), (dh, dw) = s.strides, s.dilation
-    ohw = s.out_h * s.out_w
+    ohw, cg = s.out_h * s.out_w, s.group_in_c
 
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), in_dtype, "data")
-    b_packed = te.placeholder((nb, kb, nr, kr), in_dtype, "B_packed")
-    bias = te.placeholder((n_total,), "int32", "bias_folded")
-    mult = te.placeholder((n_total,), "int32", "multiplier")
-    shift = te.placeholder((n_total,), "int32", "shift")
+    b_packed = te.placeholder((G, nb, kb, nr, kr), in_dtype, "B_packed")
+    bias = te.placeholder((s.out_c,), "int32", "bias_folded")
+    mult = te.placeholder((s.out_c,), "int32", "multiplier")
+    shift = te.placeholder((s.out_c,), "int32", "shift")
+    zero = tirx.const(0, in_dtype)
 
-    def a_element(bm, bk, i, j):
+    def a_element(g, bm, bk, i, j):
         m, k = bm * mr + i, bk * kr + j
+        in_range = tirx.all(m < m_total, k < k_total)
+        if s.is_pointwise:  # the pixel is the output pixel: a plain interleaving copy
+            return tirx.if_then_else(in_range, data[m // ohw, (m % ohw) // s.out_w,
+                                                    m % s.out_w, g * cg + k], zero)
         b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
-        ky, kx, c = k // (s.kw * s.in_c), (k // s.in_c) % s.kw, k % s.in_c
+        ky, kx, c = k // (s.kw * cg), (k // cg) % s.kw, k % cg
         ih, iw = oh * sh - pt + ky * dh, ow * sw - pl + kx * dw
         inside = tirx.all(ih >= 0, ih < s.in_h, iw >= 0, iw < s.in_w)
-        pixel = tirx.if_then_else(inside, data[b, ih, iw, c], tirx.const(in_zp, in_dtype))
-        return tirx.if_then_else(tirx.all(m < m_total, k < k_total), pixel,
-                                 tirx.const(0, in_dtype))
+        pixel = tirx.if_then_else(inside, data[b, ih, iw, g * cg + c],
+                                  tirx.const(in_zp, in_dtype))
+        return tirx.if_then_else(in_range, pixel, zero)
 
-    a_packed = te.compute((mb, kb, mr, kr), a_element, name="A_packed")
+    a_packed = te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
     rb, rk = te.reduce_axis((0, kb), "kb"), te.reduce_axis((0, kr), "kk")
     acc = te.compute(
-        (mb, nb, mr, nr),
-        lambda bm, bn, i, j: te.sum(a_packed[bm, rb, i, rk].astype("int32")
-                                    * b_packed[bn, rb, j, rk].astype("int32"), axis=[rb, rk]),
+        (G, mb, nb, mr, nr),
+        lambda g, bm, bn, i, j: te.sum(a_packed[g, bm, rb, i, rk].astype("int32")
+                                       * b_packed[g, bn, rb, j, rk].astype("int32"),
+                                       axis=[rb, rk]),
         name="gemm")
-
     lo, hi = act_range
 
-    def out_element(m, n):
-        x = acc[m // mr, n // nr, m % mr, n % nr] + bias[n]
-        r = qmuls(x, mult[n].asobject(), 31, shift[n].asobject()) + out_zp
+    def out_element(m, g, n):
+        c = g * n_group + n
+        x = acc[g, m // mr, n // nr, m % mr, n % nr] + bias[c]
+        r = qmuls(x, mult[c].asobject(), 31, shift[c].asobject()) + out_zp
         return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
 
-    # NHWC output viewed as [batch * out_h * out_w, out_c]: the same bytes, and a flat
-    # pixel index keeps the tile arithmetic (m // mr, m % mr) simple for the scheduler.
-    out = te.compute((m_total, n_total), out_element, name="output")
+    out = te.compute((m_total, G, n_group), out_element, name="output")
     return data, b_packed, bias, mult, shift, out
 
 
@@ -162,37 +203,90 @@ def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, **quant):
     return te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, **quant)))
 
 
-def schedule_conv2d_gemm(func, mr_nr_kr, *, intrin: str | None = None, parallel: bool = True):
+@dataclasses.dataclass(frozen=True)
+class GemmKnobs:
+    """Tunable choices of ``schedule_conv2d_gemm`` (the autotuner's design space).
+
+    ``m_tiles`` x ``n_tiles`` micro-tiles form one macro tile, whose accumulators stay live
+    across the whole K loop (more tiles: more reuse of each loaded A and B block, more
+    registers); ``k_unroll`` unrolls that many K blocks; ``parallel`` runs macro-tile rows
+    on threads; ``vector_epilogue`` vectorizes the requantization over the nr channels.
+    """
+
+    m_tiles: int = 1
+    n_tiles: int = 1
+    k_unroll: int = 1
+    parallel: bool = True
+    vector_epilogue: bool = True
+
+
+def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs()):
     """Schedule ``conv2d_gemm_func``: GEMM tiles computed where the epilogue consumes them.
 
-    Loop nest of the result, for each (mr x nr) output tile (mo, no):
+    Loop nest of the result, per group g and macro tile (mo, no) of
+    (m_tiles * mr) x (n_tiles * nr) outputs:
 
-        for mo in M/mr (parallel):            A_packed is built up front, rows in parallel
-          for no in N/nr:
-            acc[mr, nr] = 0                   a local tile: no int32 tensor in memory
-            for kb in K/kr:
-              acc += A_packed[mo, kb] . B_packed[no, kb]^T     <- ``intrin`` (micro-kernel)
-            for mi, ni: output[m, n] = epilogue(acc[mi, ni])
+        for mo (parallel):                    A_packed is built up front, rows in parallel
+          for no:
+            acc[m_tiles, n_tiles, mr, nr] = 0      one macro tile, never a layer-sized tensor
+            for kb in K/kr (unrolled by k_unroll):
+              for ti < m_tiles, tj < n_tiles (unrolled):
+                acc[ti, tj] += A_packed[mo, ti, kb] . B_packed[no, tj, kb]^T   <- micro-kernel
+            for each output of the tile: output = epilogue(acc)   (vectorized over nr)
 
-    ``intrin`` names a registered TensorIntrin whose desc is one (mr, nr, kr) block
-    update; None keeps the scalar loops (the reference path).
+    ``kernel`` is a record of ``tvm_armq.intrinsics.kernels`` whose (mr, nr, kr) the func
+    was built with; a reference kernel keeps scalar loops, any other is tensorized for
+    ``target`` (``MissingTargetFeature`` if the target lacks its instruction).
     """
     from tvm import s_tir
+
+    from tvm_armq.intrinsics import kernels
 
     sch = s_tir.Schedule(func)
     out, gemm, a_packed = (sch.get_sblock(n) for n in ("output", "gemm", "A_packed"))
 
-    # The GEMM's own loops are (mo, no, i, j, kb, kk): put the K blocks outside the
-    # micro-tile, then bring the epilogue into each tile. The accumulator's live range
-    # shrinks to one (mr x nr) tile, which ``local`` scope keeps out of memory.
-    mo, no, i, j, kb, kk = sch.get_loops(gemm)
-    sch.reorder(kb, i, j, kk)
+    g, mo, no, i, j, kb, kk = sch.get_loops(gemm)
+    # Knobs must divide the block counts: a ragged split puts a predicate on the block,
+    # which the micro-kernel's pattern does not match. Each is cut to the largest
+    # divisor not above it (the autotuner samples perfect tiles in the first place).
+    m_tiles, n_tiles, k_unroll = (_largest_divisor(sch.get(loop).extent.value, want)
+                                  for loop, want in ((mo, knobs.m_tiles), (no, knobs.n_tiles),
+                                                     (kb, knobs.k_unroll)))
+    mo, ti = sch.split(mo, [None, m_tiles])
+    no, tj = sch.split(no, [None, n_tiles])
+    kb_o, kb_i = sch.split(kb, [None, k_unroll])
+    sch.reorder(mo, no, kb_o, kb_i, ti, tj, i, j, kk)
+    # The epilogue of a macro tile runs right after its K loop, so its accumulators are
+    # dead afterwards and buffer compaction shrinks them to one macro tile.
     sch.reverse_compute_at(out, no)
-    sch.set_scope(gemm, 0, "local")
-    if parallel:  # before the reduction is split in init + update, which parallel rejects
+    if kernel.intrin is None:
+        sch.set_scope(gemm, 0, "local")  # the scalar tile can live in registers outright
+    if knobs.parallel:  # before the reduction is split in init + update (parallel rejects it)
         sch.parallel(mo)
-        sch.parallel(sch.get_loops(a_packed)[0])
-    sch.decompose_reduction(gemm, kb)
-    if intrin is not None:
-        sch.tensorize(i, intrin)
+        sch.parallel(sch.get_loops(a_packed)[1])
+    sch.decompose_reduction(gemm, kb_o)
+    for loop, factor in ((kb_i, k_unroll), (ti, m_tiles), (tj, n_tiles)):
+        if factor > 1:
+            sch.unroll(loop)
+    own = _loops_below(sch, out, no)  # the epilogue's own loops inside the macro tile
+    if knobs.vector_epilogue and own and sch.get(own[-1]).extent.value > 1:
+        sch.vectorize(own[-1])
+    if kernel.intrin is not None:
+        # The micro-kernels take C as a plain (global-scope) window; the compacted
+        # tile is a few dozen bytes on the stack, which LLVM keeps in registers.
+        kernels.tensorize(sch, i, kernel, target)
     return sch.mod["main"]
+
+
+def _loops_below(sch, block, loop) -> list:
+    """The loops around ``block`` that are nested inside ``loop``."""
+    loops = sch.get_loops(block)
+    anchor = sch.get(loop)
+    for idx, rv in enumerate(loops):
+        if sch.get(rv).same_as(anchor):
+            return loops[idx + 1:]
+    raise ValueError("block is not under the given loop")
+
+
+def _largest_divisor(extent: int, want: int) -> int:
+    return max(d for d in range(1, max(1, min(want, extent)) + 1) if extent % d == 0)

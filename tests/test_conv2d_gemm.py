@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 
 from tvm_armq import build
-from tvm_armq.intrinsics import requant
+from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import conv2d_gemm as cg
 from tvm_armq.schedules import reference as ref
 
 pytestmark = pytest.mark.device
 
-TILE = (4, 4, 4)  # (mr, nr, kr) of the scalar reference schedule
+REFERENCE = kernels.select({"kind": "c"}, "int8", "int8")  # no instruction: scalar loops
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,37 +49,49 @@ CASES = [
          out_zp=-128, act_range=(-128, 40)),
     Case("1x7_strided_w", S(1, 4, 15, 3, 6, 1, 7, strides=(1, 2), padding=(0, 3, 0, 3)),
          in_zp=40, out_zp=1),
+    Case("groups2_3x3", S(1, 6, 6, 8, 10, 3, 3, padding=(1, 1, 1, 1), groups=2), in_zp=-9,
+         out_zp=2),
+    Case("groups4_1x1", S(1, 5, 4, 12, 8, 1, 1, groups=4), in_zp=100, out_zp=-3),
+    Case("dense_rows3", S.dense(3, 70, 13), in_zp=-128, out_zp=0),
 ]
+# Macro tiles of several micro-tiles, K unrolling: the knobs must not change any result.
+KNOBS = {"reference": cg.GemmKnobs(), "best": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
 
 
-def _case_data(case: Case, seed: int):
+def _tile(kernel):
+    return (kernel.mr, kernel.nr, kernel.kr)
+
+
+def _case_data(case: Case, seed: int, kernel):
     s, rng = case.shape, np.random.default_rng(seed)
     data = rng.integers(-128, 127, (s.batch, s.in_h, s.in_w, s.in_c), endpoint=True,
                         dtype=np.int8)
-    weight = rng.integers(-127, 127, (s.kh, s.kw, s.in_c, s.out_c), endpoint=True,
+    weight = rng.integers(-127, 127, (s.kh, s.kw, s.group_in_c, s.out_c), endpoint=True,
                           dtype=np.int8)
     bias = rng.integers(-20000, 20000, s.out_c).astype(np.int32)
     # Per-channel scales chosen so outputs spread over the int8 range, not saturate.
     acc = ref.conv2d_nhwc(data, weight, bias, in_zp=case.in_zp, strides=s.strides,
-                          dilation=s.dilation, padding=s.padding)
+                          dilation=s.dilation, padding=s.padding, groups=s.groups)
     spread = np.maximum(np.abs(acc).reshape(-1, s.out_c).max(axis=0), 1)
     scales = rng.uniform(60, 160, s.out_c) / spread
     mult, shift = requant.quantize_multipliers(scales)
     lo, hi = case.act_range
     expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, "int8")
-    args = [data, cg.pack_weights(weight, TILE), cg.fold_bias(weight, bias, case.in_zp),
+    args = [data, cg.pack_weights(weight, _tile(kernel), s.groups),
+            cg.fold_bias(weight, bias, case.in_zp),
             mult.astype(np.int32), shift.astype(np.int32)]
     return args, expected
 
 
-def _module(cases):
+def _module(cases, kernel, target, knobs):
     import tvm
 
     funcs = {}
     for c in cases:
-        f = cg.conv2d_gemm_func(c.shape, TILE, in_zp=c.in_zp, out_zp=c.out_zp,
+        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), in_zp=c.in_zp, out_zp=c.out_zp,
                                 act_range=c.act_range)
-        funcs[c.name] = cg.schedule_conv2d_gemm(f, TILE).with_attr("global_symbol", c.name)
+        funcs[c.name] = cg.schedule_conv2d_gemm(f, kernel, target, knobs).with_attr(
+            "global_symbol", c.name)
     return tvm.IRModule(funcs)
 
 
@@ -95,29 +107,49 @@ def test_reference_matches_itself_on_known_values():
 
 def test_packing_layout():
     w = np.arange(2 * 1 * 3 * 5, dtype=np.int8).reshape(2, 1, 3, 5)  # K = 6, N = 5
-    packed = cg.pack_weights(w, (4, 4, 4))
+    packed = cg.pack_weights(w, (4, 4, 4))[0]  # (mr, nr, kr); one group
     assert packed.shape == (2, 2, 4, 4)
     flat = w.reshape(6, 5)
     for n in range(5):
         for k in range(6):
             assert packed[n // 4, k // 4, n % 4, k % 4] == flat[k, n]
     assert not packed[1, :, 1:, :].any() and not packed[:, 1, :, 2:].any()  # zero padding
+    grouped = cg.pack_weights(w[:, :, :, :4], (4, 2, 4), groups=2)  # 2 groups of 2 outputs
+    assert grouped.shape == (2, 1, 2, 2, 4)
+    assert grouped[1, 0, 0, 1, 2] == w.reshape(6, 5)[2, 3]  # group 1, its output 1 = n 3
 
 
-def test_conv2d_gemm_on_device(devices, level, tmp_path, report):
+@pytest.mark.parametrize("path", ["reference", "best"])
+def test_conv2d_gemm_on_device(devices, level, path, tmp_path, report):
+    """Every case, bit-exact, with the scalar reference kernel and with the best micro-kernel
+    of the level (neon: smull+sadalp, dotprod: sdot, i8mm: smmla), whose instruction the
+    compiled module must contain."""
     import tvm
 
-    lib = build.export_aarch64(tvm.compile(_module(CASES), target=tvm.target.Target(
-        build.resolve_target(level))), tmp_path / "conv.so")
+    target = build.resolve_target(level)
+    kernel = REFERENCE if path == "reference" else kernels.select(target, "int8", "int8")
+    ex = tvm.compile(_module(CASES, kernel, target, KNOBS[path]), target=target)
+    asm = ex.mod.inspect_source("asm")
+    assert all(ins in asm for ins in kernel.instructions), kernel.instructions
+    lib = build.export_aarch64(ex, tmp_path / "conv.so")
     sess = devices.session(level)
     sess.upload(str(lib))
     rlib = sess.load_module(lib.name)
     dev = sess.cpu(0)
     for i, case in enumerate(CASES):
-        args, expected = _case_data(case, seed=i)
-        out = tvm.runtime.tensor(np.zeros((case.shape.gemm_m, case.shape.out_c), np.int8), dev)
+        args, expected = _case_data(case, i, kernel)
+        shp = case.shape
+        out = tvm.runtime.tensor(np.zeros((shp.gemm_m, shp.groups, shp.gemm_n), np.int8), dev)
         rlib[case.name](*[tvm.runtime.tensor(a, dev) for a in args], out)
         got = out.numpy().reshape(expected.shape)
         assert len(np.unique(expected)) > 8, "the case must exercise the output range"
         np.testing.assert_array_equal(got, expected, err_msg=f"{case.name} at {level}")
-    report(f"conv2d_gemm reference schedule {level:8s} {len(CASES)} cases bit-exact")
+    report(f"conv2d_gemm {kernel.name:28s} {level:8s} {len(CASES)} cases bit-exact")
+
+
+def test_best_kernel_per_level():
+    names = {lvl: kernels.select(build.resolve_target(lvl), "int8", "int8").name
+             for lvl in ("neon", "dotprod", "i8mm")}
+    assert names == {"neon": "gemm_s8s8s32_4x4x16_neon",
+                     "dotprod": "gemm_s8s8s32_4x4x4_dotprod",
+                     "i8mm": "gemm_s8s8s32_2x2x8_i8mm"}
