@@ -39,6 +39,8 @@ import dataclasses
 
 import numpy as np
 
+from .window import output_size
+
 
 @dataclasses.dataclass(frozen=True)
 class Conv2DShape:
@@ -75,12 +77,12 @@ class Conv2DShape:
     @property
     def out_h(self) -> int:
         pt, _, pb, _ = self.padding
-        return (self.in_h + pt + pb - self.dilation[0] * (self.kh - 1) - 1) // self.strides[0] + 1
+        return output_size(self.in_h, self.kh, self.strides[0], self.dilation[0], pt, pb)
 
     @property
     def out_w(self) -> int:
         _, pl, _, pr = self.padding
-        return (self.in_w + pl + pr - self.dilation[1] * (self.kw - 1) - 1) // self.strides[1] + 1
+        return output_size(self.in_w, self.kw, self.strides[1], self.dilation[1], pl, pr)
 
     @property
     def gemm_m(self) -> int:

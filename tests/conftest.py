@@ -11,6 +11,7 @@ To run the same tests on real boards, point a level at one:
 
 from __future__ import annotations
 
+import gc
 import os
 
 import pytest
@@ -28,6 +29,14 @@ class Devices:
         self._failed: dict[str, str] = {}
 
     def endpoint(self, level: str) -> dev_mod.Endpoint:
+        """The level's device, started if need be, with no session of an earlier test open.
+
+        A TVM RPC server serves one session at a time: a new client waits until the
+        previous session is closed. Sessions (and the remote modules, functions and
+        tensors that keep them open) often sit in reference cycles, so the end of a test
+        does not close them; collecting the cycles here does, instead of a deadlock.
+        """
+        gc.collect()
         if level in self._failed:
             pytest.fail(self._failed[level], pytrace=False)
         if level not in self._endpoints:
