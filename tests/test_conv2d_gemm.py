@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from tvm_armq import build
+from tvm_armq.tflite_layers import read_layer
 from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import conv2d_gemm as cg
 from tvm_armq.schedules import reference as ref
@@ -153,3 +154,66 @@ def test_best_kernel_per_level():
     assert names == {"neon": "gemm_s8s8s32_4x4x16_neon",
                      "dotprod": "gemm_s8s8s32_4x4x4_dotprod",
                      "i8mm": "gemm_s8s8s32_2x2x8_i8mm"}
+
+
+# --------------------------------------------------------------------- TFLite itself
+TFLITE_MODELS = ("conv2d_1x1", "conv2d_3x3", "conv2d_3x3_s2", "conv2d_3x3_d2",
+                 "conv2d_grouped", "fully_connected")
+
+
+def _tflite_case(path):
+    """Shape, arguments builder and quantization of a zoo model's layer, from the file."""
+    layer = read_layer(path)
+    if layer.op == "FULLY_CONNECTED":
+        rows, k = layer.input_shape
+        shape = S.dense(rows, k, layer.weight.shape[0])
+    else:
+        _, h, w, c = layer.input_shape
+        _, kh, kw, _ = layer.weight.shape
+        shape = S(1, h, w, c, layer.weight.shape[0], kh, kw, strides=layer.strides,
+                  dilation=layer.dilation, padding=layer.padding, groups=layer.groups)
+    mult, shift = requant.quantize_multipliers(layer.real_scales())
+    return layer, shape, mult.astype(np.int32), shift.astype(np.int32)
+
+
+def test_conv2d_matches_tflite(devices, level, zoo_model, tmp_path, report):
+    """The zoo's CONV_2D (1x1, 3x3, strided, dilated, grouped) and FULLY_CONNECTED models
+    through the best kernel of the level equal TFLite's reference kernels, bit for bit."""
+    import tvm
+
+    from tvm_armq.tflite_model import TFLiteModel
+
+    target = build.resolve_target(level)
+    kernel = kernels.select(target, "int8", "int8")
+    funcs, runs = {}, []
+    for name in TFLITE_MODELS:
+        path = zoo_model(name)
+        layer, shape, mult, shift = _tflite_case(path)
+        f = cg.conv2d_gemm_func(shape, _tile(kernel), in_zp=layer.in_zp, out_zp=layer.out_zp,
+                                act_range=layer.act_range)
+        funcs[name] = cg.schedule_conv2d_gemm(f, kernel, target, KNOBS["best"]).with_attr(
+            "global_symbol", name)
+        w = layer.weight_hwio()
+        params = [cg.pack_weights(w, _tile(kernel), shape.groups),
+                  cg.fold_bias(w, layer.bias, layer.in_zp), mult, shift]
+        model = TFLiteModel.load(path)
+        for seed in range(2):
+            x = model.random_inputs(seed=seed)
+            (y,) = model.reference_outputs(x)
+            runs.append((name, seed, [x[0].reshape(shape.batch, shape.in_h, shape.in_w,
+                                                   shape.in_c)] + params, shape, y))
+    lib = build.export_aarch64(tvm.compile(tvm.IRModule(funcs), target=target),
+                               tmp_path / "tflite_convs.so")
+    sess = devices.session(level)
+    sess.upload(str(lib))
+    rlib = sess.load_module(lib.name)
+    dev = sess.cpu(0)
+    for name, seed, args, shape, y in runs:
+        out = tvm.runtime.tensor(np.zeros((shape.gemm_m, shape.groups, shape.gemm_n), np.int8),
+                                 dev)
+        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
+        assert len(np.unique(y)) > 4, f"{name}: degenerate reference output"
+        np.testing.assert_array_equal(out.numpy().reshape(y.shape), y,
+                                      err_msg=f"{name} seed {seed} at {level}")
+    report(f"conv2d_gemm vs TFLite {kernel.name:28s} {level:8s} "
+           f"{', '.join(TFLITE_MODELS)} bit-exact")
