@@ -41,6 +41,8 @@ import numpy as np
 
 from .window import output_size
 
+NEON_INT32_LANES = 4  # int32 lanes of one 128-bit NEON register
+
 
 @dataclasses.dataclass(frozen=True)
 class Conv2DShape:
@@ -212,7 +214,8 @@ class GemmKnobs:
     ``m_tiles`` x ``n_tiles`` micro-tiles form one macro tile, whose accumulators stay live
     across the whole K loop (more tiles: more reuse of each loaded A and B block, more
     registers); ``k_unroll`` unrolls that many K blocks; ``parallel`` runs macro-tile rows
-    on threads; ``vector_epilogue`` vectorizes the requantization over the nr channels.
+    on threads; ``vector_epilogue`` vectorizes the requantization over ``epilogue_lanes``
+    output channels.
     """
 
     m_tiles: int = 1
@@ -220,6 +223,7 @@ class GemmKnobs:
     k_unroll: int = 1
     parallel: bool = True
     vector_epilogue: bool = True
+    epilogue_lanes: int = NEON_INT32_LANES
 
 
 def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs()):
@@ -272,7 +276,12 @@ def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
             sch.unroll(loop)
     own = _loops_below(sch, out, no)  # the epilogue's own loops inside the macro tile
     if knobs.vector_epilogue and own and sch.get(own[-1]).extent.value > 1:
-        sch.vectorize(own[-1])
+        # One int32 NEON register of channels at a time. Within a micro-tile row the
+        # accumulators are contiguous; a vector wider than nr gathers across tiles, which
+        # still beats half-empty registers when nr = 2 (mmla).
+        lanes = _largest_divisor(sch.get(own[-1]).extent.value, knobs.epilogue_lanes)
+        _, inner = sch.split(own[-1], [None, lanes])
+        sch.vectorize(inner)
     if kernel.intrin is not None:
         # The micro-kernels take C as a plain (global-scope) window; the compacted
         # tile is a few dozen bytes on the stack, which LLVM keeps in registers.
