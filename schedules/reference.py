@@ -55,3 +55,34 @@ def dense(data, weight_kn, bias, *, in_zp: int):
     """int32 accumulators of a quantized fully connected layer (weights [K, N], symmetric)."""
     acc = (data.astype(np.int64) - in_zp) @ weight_kn.astype(np.int64)
     return (acc + np.asarray(bias, np.int64)).astype(np.int32)
+
+
+def depthwise_conv2d_nhwc(data, weight, bias, *, in_zp: int, multiplier: int = 1,
+                          strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0)):
+    """int32 accumulators of a quantized NHWC depthwise conv2d, as TFLite's DEPTHWISE_CONV_2D.
+
+    ``weight`` as TFLite stores it, [1, kh, kw, C * multiplier] (or [kh, kw, C * multiplier]),
+    symmetric (zero point 0); output channel ``c * multiplier + m`` reads input channel
+    ``c``. ``padding`` is (top, left, bottom, right); padded pixels hold ``in_zp``, i.e.
+    zero after the zero point is subtracted.
+    """
+    n, h, w, c = data.shape
+    oc = c * multiplier
+    wt = np.asarray(weight).astype(np.int64)
+    kh, kw = wt.shape[-3], wt.shape[-2]
+    wt = wt.reshape(kh, kw, oc)
+    pt, pl, pb, pr = padding
+    sh, sw = strides
+    dh, dw = dilation
+    x = np.pad(data.astype(np.int64) - in_zp, ((0, 0), (pt, pb), (pl, pr), (0, 0)))
+    x = np.repeat(x, multiplier, axis=-1)  # channel c*M + m <- input channel c
+    oh = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + pl + pr - dw * (kw - 1) - 1) // sw + 1
+    acc = np.zeros((n, oh, ow, oc), np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            acc += x[:, ky * dh: ky * dh + sh * (oh - 1) + 1: sh,
+                     kx * dw: kx * dw + sw * (ow - 1) + 1: sw, :] * wt[ky, kx]
+    acc += np.asarray(bias, np.int64)
+    assert np.abs(acc).max(initial=0) < 2 ** 31, "int32 accumulator overflow in the reference"
+    return acc.astype(np.int32)

@@ -7,3 +7,14 @@ def output_size(size: int, kernel: int, stride: int, dilation: int, pad_before: 
                 pad_after: int) -> int:
     """Output pixels along one axis of a strided, dilated, padded window."""
     return (size + pad_before + pad_after - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def same_padding(in_hw, kernel_hw, strides=(1, 1), dilation=(1, 1)) -> tuple[int, int, int, int]:
+    """TensorFlow's SAME padding as (top, left, bottom, right): the odd pixel goes last."""
+    pads = []
+    for size, k, s, d in zip(in_hw, kernel_hw, strides, dilation):
+        out = -(-size // s)
+        total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
+        pads.append((total // 2, total - total // 2))
+    (pt, pb), (pl, pr) = pads
+    return int(pt), int(pl), int(pb), int(pr)

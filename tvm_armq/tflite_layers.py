@@ -13,6 +13,7 @@ import dataclasses
 
 import numpy as np
 
+from .schedules.window import same_padding
 from .tflite_model import TFLiteModel
 
 # tflite.ActivationFunctionType and tflite.Padding values
@@ -57,17 +58,6 @@ class QuantLayer:
     def real_scales(self) -> np.ndarray:
         """in_scale * w_scale / out_scale per output channel, as TFLite computes it (double)."""
         return self.in_scale * self.w_scales.astype(np.float64) / self.out_scale
-
-
-def same_padding(in_hw, kernel_hw, strides, dilation) -> tuple[int, int, int, int]:
-    """TensorFlow's SAME padding as (top, left, bottom, right): the odd pixel goes last."""
-    pads = []
-    for size, k, s, d in zip(in_hw, kernel_hw, strides, dilation):
-        out = -(-size // s)
-        total = max((out - 1) * s + d * (k - 1) + 1 - size, 0)
-        pads.append((total // 2, total - total // 2))
-    (pt, pb), (pl, pr) = pads
-    return pt, pl, pb, pr
 
 
 def activation_range(act: int, out_scale: float, out_zp: int, dtype: str = "int8"):

@@ -1,0 +1,435 @@
+"""Quantized NHWC depthwise conv2d: channels in NEON lanes, widening multiply-accumulate.
+
+Read this first. TFLite's DEPTHWISE_CONV_2D with depth multiplier M computes output
+channel ``oc = c * M + m`` from input channel ``c`` alone:
+
+    acc[oc] = sum_{ky,kx} (x[oh*sh + ky*dh - pt, ow*sw + kx*dw - pl, c] - zp_in) * w[ky, kx, oc]
+              + bias[oc]
+    out[oc] = clamp(qmuls(acc[oc], multiplier[oc], 31, shift[oc]) + zp_out, lo, hi)
+
+with weights as TFLite stores them, ``[1, kh, kw, C * M]``, and padded pixels equal to
+``zp_in`` (they add nothing). There is no reduction over channels, so a GEMM would waste
+its K dimension; this schedule puts 16 channels (one int8x16 register) in the vector
+lanes and keeps the kh * kw taps unrolled in registers.
+
+Arithmetic, and why it is exact
+-------------------------------
+``x - zp_in`` ranges over [-255, 255] and does not fit int8, so the zero point is folded
+into the bias, as ``conv2d_gemm.fold_bias`` does (``fold_bias`` here):
+
+    acc = sum_taps x * w  +  (bias - zp_in * sum_taps w)          (bias_folded, per channel)
+
+and the kernel multiplies raw int8 by int8. Padded pixels hold ``zp_in``, so they add
+``zp_in * w``, which the folded term takes away again: the identity holds at the borders.
+
+Products: x in [-128, 127] and TFLite's int8 weights are symmetric, w in [-127, 127], so
+``|x * w| <= 128 * 127 = 16256`` and the sum of *two* products is at most 32512 < 2**15:
+it fits int16. (With w = -128 allowed, two products of (-128) x (-128) would reach 32768
+and wrap; that is the only overflowing case.) So taps are taken in pairs:
+
+    s = int16(x0) * int16(w0) + int16(x1) * int16(w1)      smull / smull2, smlal / smlal2
+    acc += int32(s)                                         saddw / saddw2
+
+4 instructions per 2 taps per 8 channels (an odd last tap: smull + saddw). The int32
+accumulator starts at ``bias_folded`` and adds the pair sums: int32 additions wrap modulo
+2**32, so their order cannot change the final value, and that value is TFLite's own int32
+accumulator (sum of (x - zp_in) * w, + bias), so it fits. ``int16_pairs=False`` widens
+every product on its own (smull + saddw, exact for any int8 weights, 6 instead of 4
+instructions per tap per 16 channels); ``pack_weights`` refuses weights containing -128
+for the paired form, so the int16 sum can never wrap.
+
+Requantization is ``qmuls(acc, multiplier[oc], 31, shift[oc])`` per lane (sqrdmulh +
+rounding shift on aarch64), then + zp_out, the activation clamp and the narrowing to int8,
+all on registers: no int32 tensor is written to memory. ``left_shifts=False`` builds the
+form for shifts <= 0 (requantization scales below 1, what real layers have): LLVM then
+drops the per-channel left shift (ushl); ``pack_params`` refuses a positive shift for it.
+
+Operands (``pack_params``, once, at compile time)
+-------------------------------------------------
+``weight_packed[kh, kw, M, C_pad]`` (TFLite's ``[1, kh, kw, C*M]`` with each multiplier
+slice a separate run of channels, so every weight and input load is a contiguous vector)
+and ``bias_folded``, ``multiplier``, ``shift`` over ``C_pad * M`` channels. ``C_pad`` is C
+for M = 1 and C rounded up to the channel block for M > 1 (zero channels).
+
+Multiplier 1: the input read directly (``_schedule_direct``)
+--------------------------------------------------------------
+The padded input and the accumulator are inlined into the output block, and the output
+is cut into regions along rows, columns and channels (``Schedule.loop_partition``)::
+
+    for each row region (top border | interior | bottom border), rows in parallel:
+      for each column region (left border | interior | right border):
+        for each channel part (C // cb blocks | the C % cb remainder, a narrower vector):
+          for cb_i:                             the block's weights stay in registers
+            for ow:
+              for c in cb (vectorized):         bias + int32(pair sums): smull/smlal, saddw
+                output = clamp(qmuls(...) + zp_out)                sqrdmulh, srshl, narrow
+
+In the interior every tap is a plain vector load of the input (the pad's conditions fold
+away); in a border region the taps that can only see padding become the constant zp_in.
+No padded copy of the input is made. A region may keep conditions when the input is
+smaller than the kernel's reach; they are scalar per pixel, the channels stay vectorized.
+
+Multiplier > 1: a padded copy, then per-pixel accumulators (``_schedule_staged``)
+-------------------------------------------------------------------------------------
+Output channel c * M + m reads input channel c, so output lanes would gather input bytes.
+Instead the accumulators are vectors over input channels, one per m, and the epilogue
+interleaves them (lane oc <- acc[oc % M][oc // M]: zip1/zip2 on registers) so the store of
+cb * M output channels stays one contiguous vector::
+
+    pad [N, H+pt+pb, W+pl+pr, C_pad]: rows in parallel, c vectorized    (zp_in border)
+    for row in N * OH (parallel):
+      for cb_i in C_pad / cb:
+        for ow:
+          acc[M][cb] = bias + int32(pair sums)      int32 vectors in registers
+          for oc in cb * M (vectorized): requant = clamp(qmuls(acc[oc % M][oc // M]) + zp)
+      (copy of the row's first C * M channels to the output, when C_pad != C)
+
+Blocks, by name: ``pad``, ``acc``, ``requant`` (only with padded channels) and ``output``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .window import output_size
+
+LANES = 16  # int8 lanes in one 128-bit NEON register
+
+
+@dataclasses.dataclass(frozen=True)
+class DepthwiseShape:
+    """A quantized NHWC depthwise conv2d's geometry. Padding is (top, left, bottom, right)."""
+
+    batch: int
+    in_h: int
+    in_w: int
+    channels: int
+    multiplier: int = 1
+    kh: int = 3
+    kw: int = 3
+    strides: tuple[int, int] = (1, 1)
+    dilation: tuple[int, int] = (1, 1)
+    padding: tuple[int, int, int, int] = (0, 0, 0, 0)
+
+    @property
+    def out_h(self) -> int:
+        pt, _, pb, _ = self.padding
+        return output_size(self.in_h, self.kh, self.strides[0], self.dilation[0], pt, pb)
+
+    @property
+    def out_w(self) -> int:
+        _, pl, _, pr = self.padding
+        return output_size(self.in_w, self.kw, self.strides[1], self.dilation[1], pl, pr)
+
+    @property
+    def out_c(self) -> int:
+        return self.channels * self.multiplier
+
+    @property
+    def taps(self) -> int:
+        return self.kh * self.kw
+
+
+def default_channel_block(shape: DepthwiseShape) -> int:
+    """Input channels per vector: 16 (one int8x16 register); with a depth multiplier, 8
+    when that avoids padding channels (C = 8, 24, ...)."""
+    c = shape.channels
+    if shape.multiplier == 1:
+        return min(LANES, c)  # the remainder is a narrower vector of its own
+    return 8 if c % LANES and c % 8 == 0 else LANES
+
+
+def padded_channels(shape: DepthwiseShape, channel_block: int) -> int:
+    """C_pad: C for multiplier 1 (no padding); else C rounded up to the channel block."""
+    if shape.multiplier == 1:
+        return shape.channels
+    return -(-shape.channels // channel_block) * channel_block
+
+
+def pack_weights(weight, shape: DepthwiseShape, channel_block: int,
+                 int16_pairs: bool = True) -> np.ndarray:
+    """TFLite's [1, kh, kw, C*M] (or [kh, kw, C*M]) -> weight_packed[kh, kw, M, C_pad].
+
+    Runs once, at compile time. Zero channels pad C up to the channel block. With
+    ``int16_pairs`` (two products summed in int16) a weight of -128 could overflow, so it
+    is refused: TFLite's int8 weights are symmetric, [-127, 127].
+    """
+    s = shape
+    w = np.asarray(weight)
+    if w.dtype != np.int8:
+        raise TypeError(f"depthwise weights must be int8, got {w.dtype}")
+    w = w.reshape(s.kh, s.kw, s.channels, s.multiplier)  # oc = c * M + m
+    if int16_pairs and (w == -128).any():
+        raise ValueError("a weight of -128 can overflow the int16 sum of two products: "
+                         "use int16_pairs=False (TFLite's int8 weights are in [-127, 127])")
+    cpad = padded_channels(s, channel_block)
+    out = np.zeros((s.kh, s.kw, s.multiplier, cpad), np.int8)
+    out[:, :, :, :s.channels] = w.transpose(0, 1, 3, 2)
+    return out
+
+
+def fold_bias(weight, bias, in_zp: int, shape: DepthwiseShape) -> np.ndarray:
+    """bias - zp_in * sum over taps of w: one int32 per output channel ([C*M])."""
+    w = np.asarray(weight, np.int64).reshape(shape.kh * shape.kw, shape.out_c)
+    folded = np.asarray(bias, np.int64) - in_zp * w.sum(axis=0)
+    assert np.abs(folded).max(initial=0) < 2 ** 31
+    return folded.astype(np.int32)
+
+
+def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp: int,
+                channel_block: int | None = None, int16_pairs: bool = True,
+                left_shifts: bool = True):
+    """All compile-time operands of ``depthwise_func``, in its parameter order after data:
+    [weight_packed, bias_folded, multiplier, shift] (the last three padded to C_pad * M).
+
+    ``int16_pairs`` and ``left_shifts`` must be the func's: with ``left_shifts=False``
+    every shift must be <= 0 (a requantization scale below 1, the usual case)."""
+    s = shape
+    if not left_shifts and (np.asarray(shift) > 0).any():
+        raise ValueError("a positive (left) shift needs left_shifts=True")
+    cb = channel_block or default_channel_block(s)
+    opad = padded_channels(s, cb) * s.multiplier
+
+    def pad(v):
+        out = np.zeros(opad, np.int32)
+        out[:s.out_c] = np.broadcast_to(np.asarray(v, np.int32), (s.out_c,))
+        return out
+
+    return [pack_weights(weight, s, cb, int16_pairs), pad(fold_bias(weight, bias, in_zp, s)),
+            pad(multiplier), pad(shift)]
+
+
+def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-128, 127),
+                 channel_block: int | None = None, int16_pairs: bool = True,
+                 left_shifts: bool = True):
+    """TE tensors of the depthwise conv2d: (inputs..., output) for ``te.create_prim_func``.
+
+    Inputs: data NHWC [N, H, W, C] int8, weight_packed [kh, kw, M, C_pad] int8,
+    bias_folded, multiplier, shift [C_pad * M] int32. Output: NHWC [N, OH, OW, C * M] int8.
+    Stages as in the module docstring; ``act_range`` is the clamp (fused ReLU/ReLU6).
+    ``int16_pairs``: two taps' products summed in int16 (weights in [-127, 127]);
+    ``left_shifts=False``: every shift <= 0 (see the module docstring).
+    """
+    from tvm import te, tirx
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    s = shape
+    cb = channel_block or default_channel_block(s)
+    cpad = padded_channels(s, cb)
+    mlt = s.multiplier
+    pt, pl, pb, pr = s.padding
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    taps = s.taps
+    group = 2 if int16_pairs else 1
+
+    data = te.placeholder((s.batch, s.in_h, s.in_w, s.channels), "int8", "data")
+    weight = te.placeholder((s.kh, s.kw, mlt, cpad), "int8", "weight_packed")
+    bias = te.placeholder((cpad * mlt,), "int32", "bias_folded")
+    mult = te.placeholder((cpad * mlt,), "int32", "multiplier")
+    shift = te.placeholder((cpad * mlt,), "int32", "shift")
+
+    if any(s.padding) or cpad != s.channels:
+        def pad_element(n, h, w, c):
+            inside = tirx.all(h >= pt, h < s.in_h + pt, w >= pl, w < s.in_w + pl, c < s.channels)
+            return tirx.if_then_else(inside, data[n, h - pt, w - pl, c],
+                                     tirx.const(in_zp, "int8"))
+
+        xp = te.compute((s.batch, s.in_h + pt + pb, s.in_w + pl + pr, cpad), pad_element,
+                        name="pad")
+    else:
+        xp = data
+
+    def product(n, oh, ow, m, c, t):
+        ky, kx = divmod(t, s.kw)
+        x = xp[n, oh * sh + ky * dh, ow * sw + kx * dw, c]
+        return x.astype("int16") * weight[ky, kx, m, c].astype("int16")
+
+    def acc_element(n, oh, ow, m, c):
+        # The taps are written out (unrolled by construction), one int16 sum per group of
+        # ``group`` taps, each widened and added to the int32 accumulator, which starts
+        # at the folded bias: bias + int32(p0 + p1) + int32(p2 + p3) + ...
+        total = bias[c * mlt + m]
+        for first in range(0, taps, group):
+            pair = None
+            for t in range(first, min(first + group, taps)):
+                p = product(n, oh, ow, m, c, t)
+                pair = p if pair is None else pair + p
+            total = total + pair.astype("int32")
+        return total
+
+    acc = te.compute((s.batch, s.out_h, s.out_w, mlt, cpad), acc_element, name="acc")
+    lo, hi = act_range
+
+    def requant_element(n, oh, ow, oc):
+        x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
+        s_oc = shift[oc].asobject()
+        if not left_shifts:  # min(s, 0) == s here; it lets LLVM drop the left shift (ushl)
+            s_oc = tirx.min(s_oc, 0)
+        r = qmuls(x, mult[oc].asobject(), 31, s_oc) + out_zp
+        return tirx.max(tirx.min(r, hi), lo).astype("int8")
+
+    if cpad == s.channels:
+        out = te.compute((s.batch, s.out_h, s.out_w, s.out_c), requant_element, name="output")
+    else:
+        res = te.compute((s.batch, s.out_h, s.out_w, cpad * mlt), requant_element,
+                         name="requant")
+        out = te.compute((s.batch, s.out_h, s.out_w, s.out_c),
+                         lambda n, oh, ow, oc: res[n, oh, ow, oc], name="output")
+    return data, weight, bias, mult, shift, out
+
+
+def depthwise_func(shape: DepthwiseShape, **kwargs):
+    """The depthwise conv2d as one TIR PrimFunc, unscheduled (see ``depthwise_te``)."""
+    from tvm import te
+
+    return te.create_prim_func(list(depthwise_te(shape, **kwargs)))
+
+
+def _regions(n_out: int, size: int, pad_before: int, k: int, stride: int, dil: int):
+    """Output indices along one axis cut in (border, interior, border): the sizes of the
+    runs whose windows reach into the top/left padding, stay inside, reach the bottom/right
+    padding (empty runs left out). In the interior every tap reads the input itself."""
+    first = min(-(-pad_before // stride), n_out)  # first output whose window starts inside
+    # one past the last output whose window ends inside
+    stop = max(min((size - 1 + pad_before - (k - 1) * dil) // stride + 1, n_out), first)
+    return [int(e) for e in (first, stop - first, n_out - stop) if e > 0]
+
+
+def _leaves(sch):
+    out = []
+
+    def walk(b):
+        kids = sch.get_child_blocks(b)
+        if not kids:
+            out.append(b)
+        for k in kids:
+            walk(k)
+
+    walk(sch.get_sblock("root"))
+    return out
+
+
+def _loop(sch, block, prefix: str):
+    """The loop above ``block`` whose variable is ``prefix`` or a partition/split of it;
+    None when there is none (a partition of extent 1 has no loop)."""
+    loops = [lp for lp in sch.get_loops(block)
+             if sch.get(lp).loop_var.name.rstrip("0123456789_") == prefix]
+    assert len(loops) <= 1, prefix
+    return loops[0] if loops else None
+
+
+def _partition(sch, blocks, prefix: str, sizes):
+    if len(sizes) > 1:
+        for b in blocks:
+            sch.loop_partition(_loop(sch, b, prefix), list(sizes[:-1]) + [None])
+
+
+def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None = None,
+                       parallel: bool = True, parallel_min_rows: int = 2):
+    """Schedule ``depthwise_func(shape, ...)`` (built with the same ``channel_block``).
+
+    The loop nests are in the module docstring: multiplier 1 reads the input directly,
+    the border regions of the output apart from the interior; a multiplier > 1 goes
+    through the padded copy. The taps are unrolled by construction (``depthwise_te``).
+
+    Knobs: ``channel_block`` input channels per vector (16: one int8x16 register; 8 for
+    C = 8, 24, ... with a multiplier); ``parallel`` over output rows; the parallel grain
+    ``parallel_min_rows``: a row loop with fewer rows (a one-row border region) runs
+    serially rather than paying for a parallel launch. (TVM's parallel launch already
+    hands each thread one contiguous run of rows, so rows per task need no knob.)
+    """
+    from tvm import s_tir
+
+    s = shape
+    sch = s_tir.Schedule(func)
+    cb = channel_block or default_channel_block(s)
+
+    def rows_parallel(rows):
+        for lp in rows:
+            if parallel and int(sch.get(lp).extent) >= max(parallel_min_rows, 2):
+                sch.parallel(lp)
+
+    (_schedule_direct if s.multiplier == 1 else _schedule_staged)(sch, s, cb, rows_parallel)
+    return sch.mod["main"]
+
+
+def _schedule_direct(sch, s: DepthwiseShape, cb: int, rows_parallel):
+    """Multiplier 1: everything inlined into the output block, no buffer between input and
+    output; rows, columns and channels partitioned into regions::
+
+        for each row region (top border | interior | bottom border), rows parallel:
+          for each column region (left | interior | right):
+            for each channel part (C // cb blocks | the C % cb remainder):
+              for cb_i: for ow: for c in cb (vectorized): output = epilogue(taps)
+
+    In the interior the pad's conditions fold away (every tap is a plain vector load); in
+    a border region a tap that can only see padding becomes the constant zp_in. The
+    channel remainder is one narrower vector (8, 3, ... lanes).
+    """
+    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
+    if "pad" in blocks:
+        sch.compute_inline(blocks["pad"])
+    sch.compute_inline(blocks["acc"])
+    pt, pl, _, _ = s.padding
+    main = s.channels // cb * cb
+    _partition(sch, _leaves(sch), "oh",
+               _regions(s.out_h, s.in_h, pt, s.kh, s.strides[0], s.dilation[0]))
+    # The row loop of each row region, before the column partitions hide it in blocks.
+    rows_parallel([lp for lp in (_loop(sch, b, "oh") for b in _leaves(sch)) if lp is not None])
+    _partition(sch, _leaves(sch), "ow",
+               _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
+    _partition(sch, _leaves(sch), "oc", [e for e in (main, s.channels - main) if e])
+    for b in _leaves(sch):
+        ow, oc = _loop(sch, b, "ow"), _loop(sch, b, "oc")
+        if oc is not None and int(sch.get(oc).extent) > cb:  # main part: blocks of cb
+            ocb, oc = sch.split(oc, [None, cb])
+            if ow is not None:
+                sch.reorder(ocb, ow)  # the block's weights stay in registers along the row
+        if oc is not None:
+            sch.vectorize(oc)
+
+
+def _schedule_staged(sch, s: DepthwiseShape, cb: int, rows_parallel):
+    """Multiplier > 1: padded copy, per-pixel accumulators, interleaving epilogue::
+
+        pad: for rows (parallel): for w: for c (vectorized cb)
+        for row in N * OH (parallel)
+          for cb_i in C_pad / cb
+            for ow in OW
+              acc[M][cb] = bias + taps            int32 vectors, in registers
+              for oc in cb * M (vectorized)       lane oc <- acc[oc % M][oc // M]: zip1/zip2
+                requant[...] = epilogue(...)
+          (output copy of the row's first C * M channels, when C_pad != C)
+    """
+    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
+    mlt = s.multiplier
+    acc = blocks["acc"]
+    cpad = int(sch.get(acc).iter_vars[4].dom.extent)
+    if cpad % cb:
+        raise ValueError(f"channel_block {cb} does not divide the func's {cpad} padded "
+                         "channels: build and schedule with the same channel_block")
+    # Without padded channels the epilogue block writes the output itself.
+    req, copy = (blocks["requant"], blocks["output"]) if "requant" in blocks \
+        else (blocks["output"], None)
+    n, oh, ow, oc = sch.get_loops(req)
+    row = sch.fuse(n, oh)
+    ocb, ocl = sch.split(oc, [None, cb * mlt])
+    sch.reorder(row, ocb, ow, ocl)
+    # One pixel's accumulators, right where the epilogue reads them: int32 vectors that
+    # live in registers (the block compacts to [M, cb]; no int32 tensor in memory).
+    sch.compute_at(acc, ow, preserve_unit_loops=True)
+    a_m, a_c = sch.get_loops(acc)[-2:]
+    sch.unroll(a_m)
+    sch.vectorize(a_c)
+    sch.vectorize(ocl)
+    if copy is not None:  # padded channels: the row's first C * M channels to the output
+        sch.reverse_compute_at(copy, row)
+    rows = [row]
+    if "pad" in blocks:
+        pn, ph, _, pc = sch.get_loops(blocks["pad"])
+        rows.append(sch.fuse(pn, ph))
+        sch.vectorize(sch.split(pc, [None, cb])[1])
+    rows_parallel(rows)

@@ -1,0 +1,366 @@
+"""int8 depthwise conv2d (channels in NEON lanes, widening MACs), bit-exact on the device.
+
+The sweep covers the geometry (depth multiplier 1 and 2, 3x3 and 5x5, stride 1 and 2,
+dilation 2, SAME and VALID padding, symmetric and asymmetric; channel counts that are and
+are not multiples of the 16-lane block: 8, 16, 24, 35) and the quantization (input zero
+points across the range including -128 and 127, per-channel and per-tensor scales that
+spread the outputs over the int8 range, ReLU/ReLU6-style clamps, operands at the int8
+extremes for both the int16-pair and the per-product widening, scales above 1 (left
+shifts) and the right-shift-only form). All cases of a level are one module, compiled
+once, uploaded once, compared exactly with ``schedules.reference``.
+Then the zoo's TFLite depthwise models, run by TFLite's reference kernels, are reproduced
+bit for bit from the parameters stored in the .tflite files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+import pytest
+
+from tvm_armq import build
+from tvm_armq.intrinsics import requant
+from tvm_armq.schedules import depthwise as dw
+from tvm_armq.schedules import reference as ref
+from tvm_armq.schedules.window import same_padding
+from tvm_armq.tflite_layers import read_layer
+
+pytestmark = pytest.mark.device
+
+S = dw.DepthwiseShape
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    shape: dw.DepthwiseShape
+    in_zp: int
+    out_zp: int
+    act_range: tuple[int, int] = (-128, 127)
+    per_tensor: bool = False  # one multiplier/shift for every channel
+    extremes: bool = False  # operands mostly at the ends of the int8 range
+    int16_pairs: bool = True  # False: every product widened on its own; weights may be -128
+    left_shifts: bool = True  # False: the func may assume shifts <= 0 (no ushl)
+    small: bool = False  # tiny accumulators: scales above 1, positive (left) shifts
+
+
+def _same(h, w, k, s=1, d=1):
+    return same_padding((h, w), (k, k), (s, s), (d, d))
+
+
+CASES = [
+    Case("c16_3x3_same", S(1, 7, 9, 16, padding=_same(7, 9, 3)), in_zp=-128, out_zp=5,
+         left_shifts=False),
+    Case("c8_3x3_valid", S(1, 6, 7, 8), in_zp=127, out_zp=-3),
+    Case("c24_3x3_s2_same_relu6", S(1, 10, 9, 24, strides=(2, 2),
+                                    padding=_same(10, 9, 3, 2)),  # (0, 1, 1, 1): asymmetric
+         in_zp=12, out_zp=-128, act_range=(-128, 40), left_shifts=False),
+    Case("c35_3x3_d2_same_n2", S(2, 9, 8, 35, dilation=(2, 2), padding=_same(9, 8, 3, 1, 2)),
+         in_zp=-1, out_zp=3),
+    Case("c16_5x5_same_relu", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
+         in_zp=-20, out_zp=-128, act_range=(-128, 127)),
+    Case("c35_5x5_s2_valid", S(1, 11, 10, 35, kh=5, kw=5, strides=(2, 2)), in_zp=40, out_zp=0),
+    Case("c16_m2_3x3_same", S(1, 6, 6, 16, multiplier=2, padding=_same(6, 6, 3)), in_zp=0,
+         out_zp=-7, left_shifts=False),
+    Case("c24_m2_5x5_s2_asym", S(1, 9, 10, 24, multiplier=2, kh=5, kw=5, strides=(2, 2),
+                                 padding=(1, 2, 2, 1)), in_zp=-77, out_zp=10),
+    Case("c8_m2_3x3_d2_valid_pt", S(1, 8, 9, 8, multiplier=2, dilation=(2, 2)), in_zp=100,
+         out_zp=-20, per_tensor=True),
+    Case("c35_m2_3x3_s2_same_relu6", S(2, 7, 7, 35, multiplier=2, strides=(2, 2),
+                                       padding=_same(7, 7, 3, 2)),
+         in_zp=-128, out_zp=-128, act_range=(-128, 60)),
+    Case("c16_3x3_extremes", S(1, 5, 5, 16, padding=(1, 1, 1, 1)), in_zp=127, out_zp=0,
+         extremes=True),
+    Case("c24_5x5_w128_wide", S(1, 6, 6, 24, kh=5, kw=5, padding=(2, 2, 2, 2)), in_zp=-128,
+         out_zp=1, extremes=True, int16_pairs=False),
+    Case("c24_3x3_small_acc", S(1, 6, 7, 24, padding=(1, 1, 1, 1)), in_zp=-50, out_zp=2,
+         small=True),
+    Case("c16_m2_3x3_small_acc", S(1, 5, 5, 16, multiplier=2), in_zp=90, out_zp=-2,
+         small=True),
+]
+
+
+def _case_data(case: Case, seed: int):
+    s, rng = case.shape, np.random.default_rng(seed)
+    data = rng.integers(-128, 127, (s.batch, s.in_h, s.in_w, s.channels), endpoint=True,
+                        dtype=np.int8)
+    w_lo = -127 if case.int16_pairs else -128  # TFLite's weights are symmetric
+    weight = rng.integers(w_lo, 127, (1, s.kh, s.kw, s.out_c), endpoint=True, dtype=np.int8)
+    if case.extremes:  # most products at their largest: (-128) x (+-127), (-128) x (-128)
+        ends = rng.random(data.shape) < 0.75
+        data[ends] = rng.choice(np.array([-128, 127], np.int8), ends.sum())
+        ends = rng.random(weight.shape) < 0.75
+        weight[ends] = rng.choice(np.array([w_lo, 127], np.int8), ends.sum())
+    if case.extremes:  # the int16 pair sums really reach their bound (see _pair_sums)
+        top = np.abs(_pair_sums(case, data, weight)).max()
+        assert top == (32512 if case.int16_pairs else 32768), top
+    bias = rng.integers(-20000, 20000, s.out_c).astype(np.int32)
+    if case.small:  # inputs near the zero point, tiny weights and bias
+        data = np.clip(case.in_zp + rng.integers(-6, 6, data.shape, endpoint=True), -128,
+                       127).astype(np.int8)
+        weight = rng.integers(-2, 2, weight.shape, endpoint=True, dtype=np.int8)
+        bias = rng.integers(-30, 30, s.out_c).astype(np.int32)
+    acc = ref.depthwise_conv2d_nhwc(data, weight, bias, in_zp=case.in_zp,
+                                    multiplier=s.multiplier, strides=s.strides,
+                                    dilation=s.dilation, padding=s.padding)
+    # Scales chosen so outputs spread over the int8 range, not saturate.
+    spread = np.maximum(np.abs(acc).reshape(-1, s.out_c).max(axis=0), 1)
+    if case.per_tensor:
+        spread = np.full(s.out_c, spread.max())
+    scales = rng.uniform(60, 160, 1 if case.per_tensor else s.out_c) / spread
+    mult, shift = requant.quantize_multipliers(np.broadcast_to(scales, (s.out_c,)))
+    assert (shift > 0).any() == case.small, "small cases (only) must have left shifts"
+    lo, hi = case.act_range
+    expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, "int8")
+    args = [data] + dw.pack_params(weight, bias, mult, shift, s, in_zp=case.in_zp,
+                                   int16_pairs=case.int16_pairs,
+                                   left_shifts=case.left_shifts)
+    return args, expected
+
+
+def _pair_sums(case: Case, data, weight):
+    """x0*w0 + x1*w1 for every tap pair (taps in (ky, kx) order, as the kernel pairs them)
+    and output element: the int16 intermediate of the paired form, computed in int64.
+    With weights of -128 (the per-product case) it reaches 32768, which the paired form
+    could not hold."""
+    s = case.shape
+    zero = np.zeros(s.out_c, np.int64)
+    products = []
+    for ky in range(s.kh):
+        for kx in range(s.kw):
+            w = np.zeros((1, s.kh, s.kw, s.out_c), np.int8)
+            w[0, ky, kx] = weight[0, ky, kx]
+            # one tap's raw products x * w: the accumulator of that tap alone, zp 0
+            products.append(ref.depthwise_conv2d_nhwc(
+                data, w, zero, in_zp=0, multiplier=s.multiplier, strides=s.strides,
+                dilation=s.dilation, padding=s.padding).astype(np.int64))
+    products += [np.zeros_like(products[0])] * (len(products) % 2)
+    return np.stack(products[0::2]) + np.stack(products[1::2])
+
+
+def _func(shape, name, **quant):
+    f = dw.depthwise_func(shape, **quant)
+    return dw.schedule_depthwise(f, shape).with_attr("global_symbol", name)
+
+
+def _run(devices, level, funcs, datasets, tmp_path):
+    """Compile ``funcs`` (name -> PrimFunc) as one module for ``level``, upload it once,
+    run every (name, args, expected shape); returns the module's asm and the outputs."""
+    import tvm
+
+    target = build.resolve_target(level)
+    ex = tvm.compile(tvm.IRModule(funcs), target=target)
+    lib = build.export_aarch64(ex, tmp_path / "depthwise.so")
+    sess = devices.session(level)
+    sess.upload(str(lib))
+    rlib = sess.load_module(lib.name)
+    dev = sess.cpu(0)
+    outs = []
+    for name, args, out_shape in datasets:
+        out = tvm.runtime.tensor(np.zeros(out_shape, np.int8), dev)
+        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
+        outs.append(out.numpy())
+    return ex.mod.inspect_source("asm"), outs
+
+
+# ------------------------------------------------------------------ host-side checks
+def test_reference_on_known_values():
+    """The yardstick first: a hand-checkable depthwise conv, and agreement with the
+    grouped conv2d reference (groups = C), an independent formulation."""
+    data = np.array([[[[1, 10], [2, 20]], [[3, 30], [4, 40]]]], np.int8)  # 1x2x2x2
+    weight = np.ones((1, 2, 2, 4), np.int8)
+    weight[..., 1] = 2  # channel 0, m = 1
+    acc = ref.depthwise_conv2d_nhwc(data, weight, [0, 0, 0, 5], in_zp=1, multiplier=2)
+    assert acc.tolist() == [[[[6, 12, 96, 101]]]]  # (0+1+2+3), 2*(..), (9+19+29+39), +5
+    rng = np.random.default_rng(7)
+    data = rng.integers(-128, 127, (2, 7, 6, 5), endpoint=True, dtype=np.int8)
+    weight = rng.integers(-127, 127, (1, 3, 3, 10), endpoint=True, dtype=np.int8)
+    bias = rng.integers(-999, 999, 10)
+    kw = dict(in_zp=-9, strides=(2, 1), dilation=(1, 2), padding=(1, 0, 2, 3))
+    grouped = ref.conv2d_nhwc(data, weight.reshape(3, 3, 1, 10), bias, groups=5, **kw)
+    np.testing.assert_array_equal(
+        ref.depthwise_conv2d_nhwc(data, weight, bias, multiplier=2, **kw), grouped)
+
+
+def test_same_padding_is_tensorflows():
+    assert same_padding((16, 16), (3, 3), (2, 2)) == (0, 0, 1, 1)  # odd pixel last
+    assert same_padding((7, 9), (3, 3)) == (1, 1, 1, 1)
+    assert same_padding((9, 8), (3, 3), (1, 1), (2, 2)) == (2, 2, 2, 2)
+    assert same_padding((10, 9), (5, 5), (2, 2)) == (1, 2, 2, 2)
+    for h, w, k, st, d in [(10, 9, 3, 2, 1), (9, 8, 3, 1, 2), (7, 7, 5, 2, 1), (6, 6, 3, 1, 1)]:
+        s = S(1, h, w, 8, kh=k, kw=k, strides=(st, st), dilation=(d, d),
+              padding=same_padding((h, w), (k, k), (st, st), (d, d)))
+        assert (s.out_h, s.out_w) == (-(-h // st), -(-w // st))  # SAME: ceil(in / stride)
+
+
+def test_packing_layout():
+    s = S(1, 4, 4, 3, multiplier=2)
+    w = np.arange(1 * 3 * 3 * 6, dtype=np.int8).reshape(1, 3, 3, 6)
+    packed = dw.pack_weights(w, s, channel_block=8)
+    assert packed.shape == (3, 3, 2, 8)
+    for ky in range(3):
+        for kx in range(3):
+            for c in range(3):
+                for m in range(2):
+                    assert packed[ky, kx, m, c] == w[0, ky, kx, c * 2 + m]
+    assert not packed[..., 3:].any()  # zero channels up to the block
+    params = dw.pack_params(w, np.arange(6), [1 << 30] * 6, [-1] * 6, s, in_zp=2,
+                            channel_block=8)
+    assert [p.shape for p in params[1:]] == [(16,)] * 3 and not params[1][6:].any()
+    assert params[1][0] == 0 - 2 * w[0, :, :, 0].astype(int).sum()  # folded bias
+
+
+def test_paired_products_refuse_minus_128():
+    """Two (-128) x (-128) products sum to 32768, which int16 cannot hold."""
+    s = S(1, 4, 4, 16)
+    w = np.full((1, 3, 3, 16), -128, np.int8)
+    with pytest.raises(ValueError, match="int16_pairs=False"):
+        dw.pack_weights(w, s, 16)
+    assert dw.pack_weights(w, s, 16, int16_pairs=False).min() == -128
+
+
+def test_right_shift_only_form_refuses_left_shifts():
+    s = S(1, 4, 4, 16)
+    w = np.ones((1, 3, 3, 16), np.int8)
+    args = (w, np.zeros(16), np.full(16, 1 << 30), np.full(16, 1), s)
+    with pytest.raises(ValueError, match="left_shifts=True"):
+        dw.pack_params(*args, in_zp=0, left_shifts=False)
+    assert dw.pack_params(*args, in_zp=0)[3].max() == 1
+
+
+def test_int16_pair_bound():
+    """The exactness argument in numbers: products of int8 x symmetric int8 and their
+    pairwise sums stay inside int16; only (-128) x (-128) twice would not."""
+    x = np.arange(-128, 128, dtype=np.int64)
+    p = np.outer(x, np.arange(-127, 128, dtype=np.int64))
+    assert p.min() + p.min() >= -(1 << 15) and p.max() + p.max() <= (1 << 15) - 1
+    assert 2 * (-128 * -128) == 1 << 15  # the one overflow the pairing must avoid
+
+
+# ------------------------------------------------------------------------ on device
+_VECTOR_ASM = {  # instruction -> operand arrangement: each must appear in vector form
+    "smull": r"\.8h, v\d+\.8b",  # int8 x int8 -> int16
+    "smlal": r"\.8h, v\d+\.8b",  # + a second product, in int16 (paired taps)
+    "saddw": r"\.4s, v\d+\.4s, v\d+\.4h",  # int16 -> int32 accumulation
+    "sqrdmulh": r"\.4s, v\d+\.4s",  # the requantization (qmuls)
+    "srshl": r"\.4s, v\d+\.4s",
+}
+
+
+def test_depthwise_on_device(devices, level, tmp_path, report):
+    """Every case, bit-exact, with the widening multiply-accumulates and the qmuls
+    sequence in NEON vector form in the compiled module."""
+    funcs, datasets, expected = {}, [], []
+    for i, case in enumerate(CASES):
+        funcs[case.name] = _func(case.shape, case.name, in_zp=case.in_zp, out_zp=case.out_zp,
+                                 act_range=case.act_range, int16_pairs=case.int16_pairs,
+                                 left_shifts=case.left_shifts)
+        args, exp = _case_data(case, i)
+        datasets.append((case.name, args, exp.shape))
+        expected.append(exp)
+    asm, outs = _run(devices, level, funcs, datasets, tmp_path)
+    for ins, operands in _VECTOR_ASM.items():
+        assert re.search(rf"\b{ins}2?\s+v\d+{operands}", asm), f"no vector {ins} at {level}"
+    for case, got, exp in zip(CASES, outs, expected):
+        assert len(np.unique(exp)) > 8, "the case must exercise the output range"
+        np.testing.assert_array_equal(got, exp, err_msg=f"{case.name} at {level}")
+    report(f"depthwise {level:8s} {len(CASES)} cases bit-exact")
+
+
+def test_inner_loop_is_vectorized():
+    """The 3x3, 16-channel kernel's loops over output pixels, one 16-channel block per
+    iteration: in the interior rows 9 taps in 5 pairs, i.e. 5 smull + 5 smull2 with
+    4 smlal + 4 smlal2 adding the partners in int16, widened into int32 by saddw/saddw2,
+    then 4 sqrdmulh (one per int32x4) and one 16-byte store. The top and bottom border
+    rows read 6 taps (3 pairs; the padded row's products are constants). No loop of them
+    has a scalar byte load or store. The per-channel left shift (ushl) is there by default
+    and gone in the right-shift-only form."""
+    import tvm
+
+    def hot_loops(**kw):
+        f = _func(S(1, 12, 12, 16, padding=(1, 1, 1, 1)), "dw", in_zp=3, out_zp=-1, **kw)
+        asm = tvm.compile(tvm.IRModule({"dw": f}), target=build.resolve_target("dotprod")
+                          ).mod.inspect_source("asm")
+        return [body for body in _innermost_loops(asm) if "smull" in body]
+
+    hot = hot_loops()
+    assert all(_count(b, "ushl") == 4 for b in hot)
+    assert all(_count(b, "ushl") == 0 for b in hot_loops(left_shifts=False))
+
+    macs = sorted((_count(b, "smull"), _count(b, "smull2"), _count(b, "smlal"), _count(b, "smlal2"))
+                  for b in hot)
+    assert macs == [(3, 3, 3, 3), (3, 3, 3, 3), (5, 5, 4, 4)], macs  # top, bottom, interior
+    for body in hot:
+        assert _count(body, "sqrdmulh") == 4 and _count(body, "saddw") >= 4
+        assert _count(body, "ldrb") == 0 and _count(body, "strb") == 0
+        assert re.search(r"^\s+(str|stur)\s+q\d+", body, re.M), "one 16-byte store per pixel"
+
+
+def _count(body: str, ins: str) -> int:
+    """How many times instruction ``ins`` occurs in an asm fragment."""
+    return len(re.findall(rf"^\s+{ins}\s", body, re.M))
+
+
+def _innermost_loops(asm: str) -> list[str]:
+    """Bodies of backward branches' loops: from a label to the branch that jumps back to it."""
+    lines = asm.splitlines()
+    labels = {ln[:-1]: i for i, ln in enumerate(lines) if re.match(r"^\.LBB\w+:$", ln)}
+    bodies = []
+    for i, ln in enumerate(lines):
+        m = re.match(r"^\s+b(?:\.\w+)?\s+(\.LBB\w+)$", ln) or \
+            re.match(r"^\s+(?:cbn?z|tbn?z)\s+.*,\s*(\.LBB\w+)$", ln)
+        if m and m.group(1) in labels and labels[m.group(1)] < i:
+            body = "\n".join(lines[labels[m.group(1)]:i + 1])
+            if not any(re.match(r"^\.LBB\w+:$", x) for x in lines[labels[m.group(1)] + 1:i]):
+                bodies.append(body)
+    return bodies
+
+
+# --------------------------------------------------------------------- TFLite itself
+TFLITE_MODELS = ("depthwise_3x3", "depthwise_3x3_s2")
+
+
+def _tflite_layer(path):
+    """Everything the kernel needs, read from the .tflite file (``tflite_layers.read_layer``)."""
+    layer = read_layer(path)
+    assert layer.op == "DEPTHWISE_CONV_2D"
+    _, h, w, c = layer.input_shape
+    _, kh, kw, out_c = layer.weight.shape
+    shape = S(1, h, w, c, multiplier=out_c // c, kh=kh, kw=kw, strides=layer.strides,
+              dilation=layer.dilation, padding=layer.padding)
+    mult, shift = requant.quantize_multipliers(layer.real_scales())
+    return dict(shape=shape, weight=layer.weight, bias=layer.bias, mult=mult, shift=shift,
+                in_zp=layer.in_zp, out_zp=layer.out_zp, act_range=layer.act_range)
+
+
+def test_depthwise_matches_tflite(devices, level, zoo_model, tmp_path, report):
+    """The zoo's DEPTHWISE_CONV_2D models (3x3 SAME + ReLU; 3x3 SAME stride 2 + ReLU6)
+    through this kernel on the device equal TFLite's reference kernels, bit for bit."""
+    from tvm_armq.tflite_model import TFLiteModel
+
+    funcs, datasets, expected = {}, [], []
+    for name in TFLITE_MODELS:
+        path = zoo_model(name)
+        layer = _tflite_layer(path)
+        s = layer["shape"]
+        model = TFLiteModel.load(path)
+        inputs = [model.random_inputs(seed=seed)[0] for seed in range(2)]
+        refs = [model.reference_outputs([x])[0] for x in inputs]
+        # Both requantization forms: with the left shift, and the right-shift-only one a
+        # compiler picks when every shift is <= 0 (true for these layers).
+        for left in (True, False) if not (layer["shift"] > 0).any() else (True,):
+            sym = f"{name}_{'lshift' if left else 'rshift'}"
+            funcs[sym] = _func(s, sym, in_zp=layer["in_zp"], out_zp=layer["out_zp"],
+                               act_range=layer["act_range"], left_shifts=left)
+            params = dw.pack_params(layer["weight"], layer["bias"], layer["mult"],
+                                    layer["shift"], s, in_zp=layer["in_zp"], left_shifts=left)
+            for seed, (x, y) in enumerate(zip(inputs, refs)):
+                datasets.append((sym, [x] + params, y.shape))
+                expected.append((f"{sym} seed {seed}", y))
+    _, outs = _run(devices, level, funcs, datasets, tmp_path)
+    for (what, y), got in zip(expected, outs):
+        assert len(np.unique(y)) > 8
+        np.testing.assert_array_equal(got, y, err_msg=f"{what} at {level}")
+    report(f"depthwise vs TFLite {level:8s} {', '.join(TFLITE_MODELS)} bit-exact")
