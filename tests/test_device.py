@@ -159,10 +159,12 @@ def test_device_registers_with_a_tracker(tmp_path):
                                 "127.0.0.1", "--port", "9690", "--port-end", "9700"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        line = ""
+        line, seen = "", []
         while "bind to" not in line:  # the tracker logs the port it bound
             line = tracker.stdout.readline()
-            assert line or tracker.poll() is None, "the RPC tracker did not start"
+            seen.append(line)
+            assert line or tracker.poll() is None, "the RPC tracker did not start:\n" + "".join(
+                seen[-20:])
         port = int(line.rsplit(":", 1)[1])
         d = device.start("neon", port=9790, tracker=f"127.0.0.1:{port}", key="armq-test")
         try:
