@@ -39,13 +39,13 @@ import dataclasses
 
 import numpy as np
 
-from .window import output_size
+from .window import Window2D
 
 NEON_INT32_LANES = 4  # int32 lanes of one 128-bit NEON register
 
 
 @dataclasses.dataclass(frozen=True)
-class Conv2DShape:
+class Conv2DShape(Window2D):
     """A quantized NHWC conv2d's geometry (weights HWIO with in_c / groups input channels).
 
     Padding is (top, left, bottom, right). A dense layer is the 1x1 case on a 1x1 image:
@@ -75,16 +75,6 @@ class Conv2DShape:
     def dense(cls, rows: int, k: int, n: int) -> "Conv2DShape":
         """A fully connected layer (batch matmul rows x k times k x n) as a 1x1 convolution."""
         return cls(rows, 1, 1, k, n, 1, 1)
-
-    @property
-    def out_h(self) -> int:
-        pt, _, pb, _ = self.padding
-        return output_size(self.in_h, self.kh, self.strides[0], self.dilation[0], pt, pb)
-
-    @property
-    def out_w(self) -> int:
-        _, pl, _, pr = self.padding
-        return output_size(self.in_w, self.kw, self.strides[1], self.dilation[1], pl, pr)
 
     @property
     def gemm_m(self) -> int:

@@ -93,13 +93,13 @@ import dataclasses
 
 import numpy as np
 
-from .window import output_size
+from .window import Window2D
 
 LANES = 16  # int8 lanes in one 128-bit NEON register
 
 
 @dataclasses.dataclass(frozen=True)
-class DepthwiseShape:
+class DepthwiseShape(Window2D):
     """A quantized NHWC depthwise conv2d's geometry. Padding is (top, left, bottom, right)."""
 
     batch: int
@@ -112,16 +112,6 @@ class DepthwiseShape:
     strides: tuple[int, int] = (1, 1)
     dilation: tuple[int, int] = (1, 1)
     padding: tuple[int, int, int, int] = (0, 0, 0, 0)
-
-    @property
-    def out_h(self) -> int:
-        pt, _, pb, _ = self.padding
-        return output_size(self.in_h, self.kh, self.strides[0], self.dilation[0], pt, pb)
-
-    @property
-    def out_w(self) -> int:
-        _, pl, _, pr = self.padding
-        return output_size(self.in_w, self.kw, self.strides[1], self.dilation[1], pl, pr)
 
     @property
     def out_c(self) -> int:

@@ -18,3 +18,18 @@ def same_padding(in_hw, kernel_hw, strides=(1, 1), dilation=(1, 1)) -> tuple[int
         pads.append((total // 2, total - total // 2))
     (pt, pb), (pl, pr) = pads
     return int(pt), int(pl), int(pb), int(pr)
+
+
+class Window2D:
+    """Output size of an NHWC window op, for dataclasses with the fields ``in_h``, ``in_w``,
+    ``kh``, ``kw``, ``strides``, ``dilation`` and ``padding`` (top, left, bottom, right)."""
+
+    @property
+    def out_h(self) -> int:
+        pt, _, pb, _ = self.padding
+        return output_size(self.in_h, self.kh, self.strides[0], self.dilation[0], pt, pb)
+
+    @property
+    def out_w(self) -> int:
+        _, pl, _, pr = self.padding
+        return output_size(self.in_w, self.kw, self.strides[1], self.dilation[1], pl, pr)
