@@ -426,7 +426,7 @@ def armperf(armperf_py: Path, kind: str, path: Path, level: str, runs: int, top:
         if res.returncode != 0:
             raise RuntimeError(f"armperf {kind} {path.name} at {level} failed:\n"
                                f"{(res.stderr or res.stdout)[-2000:]}")
-        return json.load(open(out.name))[kind]
+        return json.loads(Path(out.name).read_text())[kind]
 
 
 def unpriced_fraction(result: dict) -> float:
