@@ -57,11 +57,6 @@ def compile_tflite(model, target):
     return tvm.compile(import_tflite(model), target=resolve_target(target))
 
 
-def is_aarch64(target) -> bool:
-    t = resolve_target(target)
-    return "aarch64" in str(t.attrs.get("mtriple", ""))
-
-
 def export_aarch64(executable, path: str | os.PathLike) -> Path:
     """Write ``executable`` as an aarch64 shared library, cross-linked, loadable on a board."""
     from tvm.support import cc
