@@ -80,19 +80,30 @@ def _to_numpy(value) -> list[np.ndarray]:
     return out
 
 
+class DeviceModel:
+    """A model library loaded once into the Relax VM of an RPC session; call it per input."""
+
+    def __init__(self, session, library: str | os.PathLike, entry: str = "main"):
+        from tvm.runtime.vm import VirtualMachine
+
+        library = Path(library)
+        # Upload once: overwriting a library the device process has loaded crashes it.
+        session.upload(str(library))
+        self.dev = session.cpu(0)
+        self.vm = VirtualMachine(session.load_module(library.name), self.dev)
+        self.entry = entry
+
+    def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        import tvm
+
+        args = [tvm.runtime.tensor(np.ascontiguousarray(x), self.dev) for x in inputs]
+        return _to_numpy(self.vm[self.entry](*args))
+
+
 def run_on_device(session, library: str | os.PathLike, inputs: list[np.ndarray],
                   entry: str = "main") -> list[np.ndarray]:
     """Upload ``library`` to an RPC ``session``, run ``entry`` in the Relax VM, fetch outputs."""
-    import tvm
-    from tvm.runtime.vm import VirtualMachine
-
-    library = Path(library)
-    session.upload(str(library))
-    rlib = session.load_module(library.name)
-    dev = session.cpu(0)
-    vm = VirtualMachine(rlib, dev)
-    args = [tvm.runtime.tensor(np.ascontiguousarray(x), dev) for x in inputs]
-    return _to_numpy(vm[entry](*args))
+    return DeviceModel(session, library, entry)(inputs)
 
 
 def compile_and_run(model, level: str, session, inputs: list[np.ndarray] | None = None,

@@ -1,0 +1,484 @@
+"""QDQ to integer: the Relax pass that makes quantized TFLite layers run tvm_armq kernels.
+
+Read this first. TVM 0.27's TFLite frontend imports every quantized layer as float
+compute between a ``dequantize`` and a ``quantize``; a CONV_2D with a fused ReLU6 is
+
+    x_f  = dequantize(x, s_in, zp_in)                    x: int8 activations
+    w_f  = dequantize(W, s_w[c], 0, axis=3)              W: int8 constant (HWIO)
+    b_f  = dequantize(B, s_in * s_w[c], 0)               B: int32 constant
+    y    = quantize(conv2d(x_f, w_f) + b_f, s_out, zp_out)
+    out  = clip(y, lo, hi)                               the fused activation
+
+``QuantizedToInteger`` finds that chain, reads the int8/int32 constants and the scales
+back out of it, and replaces it with one ``call_tir`` of a tvm_armq kernel:
+
+    out  = call_tir(conv2d_gemm, [x, W_packed, bias_folded, multiplier, shift])
+
+whose operands are compile-time constants re-laid for the micro-kernel
+(``schedules.conv2d_gemm.pack_weights``: the alter-op step, run here once, in NumPy).
+The requantization parameters are computed exactly as TFLite's Prepare computes them
+(multiplier of in_scale * w_scale[c] / out_scale in double), and the clamp of the fused
+activation as TFLite's ``CalculateActivationRangeQuantized`` does, so the integer result
+is TFLite's to the bit. The float ops the chain leaves unused are removed afterwards.
+
+What becomes integer (each a ``Lowered`` record in the pass's report):
+
+    conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   (GEMM micro-kernel)
+    conv2d, groups = in_c (depthwise)          -> depthwise
+    matmul with a constant int8 weight (FC)    -> conv2d_gemm   (as a 1x1 conv)
+
+Anything else is left as the frontend made it (float between dequantize and quantize),
+still correct, and the report says why (``Fallback`` records). ``hooks.py`` puts this
+pass in front of ``tvm.compile``'s default pipeline for aarch64 targets.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .tflite_layers import activation_range
+
+# The fused activations of TFLite, as tflite.ActivationFunctionType numbers.
+_ACT_NONE, _ACT_RELU, _ACT_RELU_N1_TO_1, _ACT_RELU6 = 0, 1, 2, 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A layer the pass made integer: which kernel runs it."""
+
+    op: str          # "conv2d", "depthwise_conv2d", "dense"
+    name: str        # the Relax variable of the layer's output
+    in_shape: tuple
+    out_shape: tuple
+    kernel: str      # a name of intrinsics/kernels.py's table, or the depthwise schedule
+    tuned: bool = False
+
+    def line(self) -> str:
+        tag = " (tuned)" if self.tuned else ""
+        return (f"{self.op:17s} {str(self.in_shape):20s} -> {str(self.out_shape):20s} "
+                f"{self.kernel}{tag}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """A quantized layer the pass left in float (QDQ), and why."""
+
+    op: str
+    name: str
+    reason: str
+
+    def line(self) -> str:
+        return f"{self.op:17s} {self.name:41s} stays float: {self.reason}"
+
+
+class NotInteger(Exception):
+    """Raised by a matcher: this chain cannot become integer (the message says why)."""
+
+
+# ------------------------------------------------------------------ reading the graph
+class _Graph:
+    """The bindings of one Relax function: what each variable was computed from."""
+
+    def __init__(self, func):
+        from tvm import relax
+
+        self.defs, self.uses = {}, {}
+
+        def count(expr):
+            if isinstance(expr, relax.Var):
+                self.uses[expr] = self.uses.get(expr, 0) + 1
+            elif isinstance(expr, relax.Call):
+                for a in expr.args:
+                    count(a)
+            elif isinstance(expr, relax.Tuple):
+                for a in expr.fields:
+                    count(a)
+            elif isinstance(expr, relax.TupleGetItem):
+                count(expr.tuple_value)
+
+        for block in func.body.blocks:
+            for b in block.bindings:
+                self.defs[b.var] = b.value
+                count(b.value)
+        count(func.body.body)
+
+    def call(self, expr, *ops):
+        """The Call that defines ``expr`` if it is one of ``ops``, else None."""
+        from tvm import relax
+
+        value = self.defs.get(expr) if isinstance(expr, relax.Var) else expr
+        if isinstance(value, relax.Call) and isinstance(value.op, _op_type()) \
+                and value.op.name in ops:
+            return value
+        return None
+
+    def const(self, expr) -> np.ndarray | None:
+        """The value of ``expr`` if it is a constant, or a transpose/reshape of one."""
+        from tvm import relax
+
+        if isinstance(expr, relax.Var):
+            expr = self.defs.get(expr)
+        if expr is None:
+            return None
+        if _is_const(expr):
+            return expr.value.numpy()
+        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") in (
+                "relax.permute_dims", "relax.reshape"):
+            inner = self.const(expr.args[0])
+            if inner is None:
+                return None
+            shape = [int(d) for d in expr.ty.shape]
+            if expr.op.name == "relax.reshape":
+                return inner.reshape(shape)
+            axes = expr.attrs.axes
+            return inner.transpose([int(a) for a in axes] if axes is not None else None)
+        return None
+
+
+def _op_type():
+    import tvm
+
+    return tvm.ir.Op
+
+
+def _is_const(expr) -> bool:
+    import tvm
+
+    return isinstance(expr, tvm.ir.expr.Constant)
+
+
+def _shape(expr) -> tuple[int, ...]:
+    return tuple(int(d) for d in expr.ty.shape)
+
+
+def _dtype(expr) -> str:
+    return str(expr.ty.dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class QParams:
+    """Scale(s) and zero point(s) of a quantized tensor, float32 as in the model."""
+
+    scale: np.ndarray   # float32, shape () per tensor or (C,) per channel
+    zp: np.ndarray      # int32, same shape
+    axis: int
+
+    @property
+    def per_tensor(self) -> bool:
+        return self.scale.size == 1
+
+    def scalar(self, what: str) -> tuple[float, int]:
+        if not self.per_tensor:
+            raise NotInteger(f"{what} is quantized per channel")
+        return float(self.scale.reshape(())), int(self.zp.reshape(()))
+
+
+def _qparams(graph: _Graph, call) -> QParams:
+    scale, zp = graph.const(call.args[1]), graph.const(call.args[2])
+    if scale is None or zp is None:
+        raise NotInteger("scale or zero point is not a constant")
+    return QParams(scale.astype(np.float32), zp.astype(np.int32), int(call.attrs.axis))
+
+
+def _dequantized_const(graph: _Graph, expr, what: str):
+    """(int constant, QParams) of ``dequantize(constant)``, looking through a reshape."""
+    reshape = graph.call(expr, "relax.reshape")
+    deq = graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
+    if deq is None:
+        raise NotInteger(f"{what} is not a dequantized constant")
+    value = graph.const(deq.args[0])
+    if value is None:
+        raise NotInteger(f"{what} is not a constant")
+    return value, _qparams(graph, deq)
+
+
+def _fused_activation(lo: float, hi: float, scale: float, zp: int, dtype: str):
+    """TFLite's clamp for the activation the frontend's ``clip(lo, hi)`` stands for.
+
+    The frontend rounds with Python's round (ties to even); TFLite rounds half away
+    from zero in float32. Recognise the activation by the frontend's own numbers, then
+    recompute the range TFLite's way, so a tie can never put the clamp one step off.
+    """
+    info = np.iinfo(dtype)
+
+    def frontend(v):
+        return float(round(v / scale) + zp)
+
+    candidates = {
+        _ACT_NONE: (info.min, info.max),
+        _ACT_RELU: (max(info.min, frontend(0.0)), info.max),
+        _ACT_RELU6: (max(info.min, frontend(0.0)), min(info.max, frontend(6.0))),
+        _ACT_RELU_N1_TO_1: (max(info.min, frontend(-1.0)), min(info.max, frontend(1.0))),
+    }
+    for act, (clo, chi) in candidates.items():
+        if (float(clo), float(chi)) == (float(lo), float(hi)):
+            return activation_range(act, scale, zp, dtype)
+    return max(int(info.min), int(np.ceil(lo))), min(int(info.max), int(np.floor(hi)))
+
+
+# ------------------------------------------------------------------ matched layers
+@dataclasses.dataclass
+class _Layer:
+    """A quantized conv/dense chain, read back out of the graph."""
+
+    op: str                   # "conv2d" | "depthwise_conv2d" | "dense"
+    x: object                 # the int8 input variable
+    x_q: tuple[float, int]
+    weight: np.ndarray        # conv2d: HWIO; depthwise: [1, kh, kw, C*M]; dense: [K, N]
+    w_scales: np.ndarray      # float64 per output channel
+    bias: np.ndarray          # int32 per output channel
+    out_q: tuple[float, int]
+    out_dtype: str
+    act_range: tuple[int, int]
+    conv_attrs: object = None
+    out_shape: tuple = ()
+
+    def real_scales(self) -> np.ndarray:
+        """in_scale * w_scale / out_scale per channel, in double, as TFLite's Prepare."""
+        return np.float64(self.x_q[0]) * self.w_scales / np.float64(self.out_q[0])
+
+
+def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
+    """Read the conv/dense chain that ends in ``quantize`` (and its fused ``clip``)."""
+    out_scale, out_zp = _qparams(graph, quantize).scalar("the output")
+    out_dtype = str(quantize.attrs.out_dtype)
+    if out_dtype != "int8":
+        raise NotInteger(f"output dtype {out_dtype} (int8 only)")
+    y = quantize.args[0]
+    bias = None
+    add = graph.call(y, "relax.add")
+    if add is not None:
+        y, bias_expr = add.args
+        if graph.call(y, "relax.nn.conv2d", "relax.matmul") is None:
+            y, bias_expr = bias_expr, y
+        b_value, b_q = _dequantized_const(graph, bias_expr, "the bias")
+        if b_value.dtype != np.int32 or b_q.zp.any():
+            raise NotInteger("the bias is not int32 with zero point 0")
+        bias = b_value.reshape(-1)
+    core = graph.call(y, "relax.nn.conv2d", "relax.matmul")
+    if core is None:
+        raise NotInteger("no conv2d or matmul before the quantize")
+    x_deq = graph.call(core.args[0], "relax.dequantize")
+    if x_deq is None:
+        raise NotInteger("the input is not dequantized int8")
+    x = x_deq.args[0]
+    if _dtype(x) != "int8":
+        raise NotInteger(f"input dtype {_dtype(x)} (int8 only)")
+    x_q = _qparams(graph, x_deq).scalar("the input")
+    weight, w_q = _dequantized_const(graph, core.args[1], "the weight")
+    if weight.dtype != np.int8:
+        raise NotInteger(f"weight dtype {weight.dtype} (int8 only)")
+    if w_q.zp.any():
+        raise NotInteger("asymmetric weights (nonzero weight zero point)")
+    if clip is not None:
+        lo, hi = (float(v.value) for v in clip.args[1:3])
+        act = _fused_activation(lo, hi, out_scale, out_zp, out_dtype)
+    else:
+        info = np.iinfo(out_dtype)
+        act = (int(info.min), int(info.max))
+
+    if core.op.name == "relax.matmul":
+        if len(_shape(x)) != 2 or weight.ndim != 2:
+            raise NotInteger("matmul that is not [rows, K] x [K, N]")
+        op, n_out = "dense", weight.shape[1]
+        attrs = None
+    else:
+        attrs = core.attrs
+        if (str(attrs.data_layout), str(attrs.out_layout)) != ("NHWC", "NHWC"):
+            raise NotInteger(f"layout {attrs.data_layout} (NHWC only)")
+        in_c, groups = _shape(x)[3], int(attrs.groups)
+        if groups > 1 and groups == in_c and str(attrs.kernel_layout) == "HWOI":
+            op = "depthwise_conv2d"
+            # The frontend reshapes TFLite's [1, kh, kw, C*M] to HWOI; the dequantized
+            # constant underneath is TFLite's own layout, which the kernel packs from.
+            if weight.ndim != 4 or weight.shape[0] != 1:
+                raise NotInteger(f"depthwise weight of shape {weight.shape}")
+            n_out = weight.shape[-1]
+        elif str(attrs.kernel_layout) == "HWIO":
+            op, n_out = "conv2d", weight.shape[3]
+        else:
+            raise NotInteger(f"kernel layout {attrs.kernel_layout}")
+    w_scales = np.broadcast_to(w_q.scale.astype(np.float64).reshape(-1), (n_out,)).copy()
+    if bias is None:
+        bias = np.zeros(n_out, np.int32)
+    return _Layer(op, x, x_q, weight, w_scales, bias, (out_scale, out_zp), out_dtype, act,
+                  attrs, _shape(quantize))
+
+
+# ------------------------------------------------------------------ integer kernels
+def _requant(layer: _Layer):
+    from tvm_armq.intrinsics import requant
+
+    mult, shift = requant.quantize_multipliers(layer.real_scales())
+    return mult.astype(np.int32), shift.astype(np.int32)
+
+
+def _conv_window(layer: _Layer) -> dict:
+    a = layer.conv_attrs
+    return dict(strides=tuple(int(v) for v in a.strides),
+                dilation=tuple(int(v) for v in a.dilation),
+                padding=tuple(int(v) for v in a.padding))
+
+
+def _gemm_kernel(layer: _Layer, target, database):
+    """conv2d / dense as ``schedules.conv2d_gemm``: (func, constants, out shape, name, tuned)."""
+    from tvm_armq.intrinsics import kernels
+    from tvm_armq.schedules import conv2d_gemm as cg
+
+    kernel = kernels.select(target, "int8", "int8")
+    tile = (kernel.mr, kernel.nr, kernel.kr)
+    in_shape = _shape(layer.x)
+    if layer.op == "dense":
+        rows, k = in_shape
+        shape = cg.Conv2DShape.dense(rows, k, layer.weight.shape[1])
+        w_hwio = layer.weight[None, None]
+    else:
+        b, h, w, c = in_shape
+        kh, kw, _, n = layer.weight.shape
+        shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
+                               **_conv_window(layer))
+        w_hwio = layer.weight
+    func = cg.conv2d_gemm_func(shape, tile, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
+                               act_range=layer.act_range)
+    func = func.with_attr({"tvm_armq.op": "conv2d_gemm", "tvm_armq.kernel": kernel.name})
+    scheduled = None
+    if database is not None:
+        from . import tuning
+
+        scheduled = tuning.schedule_from_database(database, func, target)
+    tuned = scheduled is not None
+    if not tuned:
+        scheduled = cg.schedule_conv2d_gemm(func, kernel, target, _gemm_knobs(shape, kernel))
+    mult, shift = _requant(layer)
+    consts = [cg.pack_weights(w_hwio, tile, shape.groups),
+              cg.fold_bias(w_hwio, layer.bias, layer.x_q[1]), mult, shift]
+    data_shape = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
+    out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
+    return scheduled, data_shape, consts, out_shape, kernel.name, tuned
+
+
+def _gemm_knobs(shape, kernel):
+    from tvm_armq.schedules import conv2d_gemm as cg
+
+    return cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
+
+
+def _depthwise_kernel(layer: _Layer, target, database):
+    """Depthwise conv2d as ``schedules.depthwise`` (one NEON schedule for every level)."""
+    from tvm_armq.schedules import depthwise as dw
+
+    b, h, w, c = _shape(layer.x)
+    _, kh, kw, n = layer.weight.shape
+    shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **_conv_window(layer))
+    mult, shift = _requant(layer)
+    # int16 pair sums are exact unless a weight is -128 (see schedules/depthwise.py);
+    # the per-channel left shift is only built when some scale needs it.
+    options = dict(int16_pairs=bool(layer.weight.min() > -128),
+                   left_shifts=bool((shift > 0).any()))
+    func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
+                             act_range=layer.act_range, **options)
+    scheduled = dw.schedule_depthwise(func, shape)
+    consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
+                            **options)
+    name = f"depthwise_s8s8s32_{kh}x{kw}_neon"
+    return scheduled, (b, h, w, c), consts, (b, shape.out_h, shape.out_w, n), name, False
+
+
+# ------------------------------------------------------------------ the pass
+def _lowering_rewriter():
+    from tvm import relax
+
+    @relax.expr_functor.mutator
+    class Rewriter(relax.PyExprMutator):
+        """Replaces each matched quantize (or clip-of-quantize) by the integer kernel call."""
+
+        def __init__(self, mod, func, target, database):
+            super().__init__(mod)
+            self.graph = _Graph(func)
+            self.target, self.database = target, database
+            self.report: list = []
+            self.var_of = {value: var for var, value in self.graph.defs.items()}
+            # quantize results whose only use is a clip: the clip is the layer's end
+            self.fused = set()
+            for var, value in self.graph.defs.items():
+                q = self.graph.call(value.args[0], "relax.quantize") \
+                    if self.graph.call(value, "relax.clip") is not None else None
+                if q is not None and self.graph.uses.get(value.args[0], 0) == 1:
+                    self.fused.add(value.args[0])
+
+        def visit_call_(self, call):
+            var = self.var_of.get(call)
+            name = getattr(call.op, "name", "")
+            anchor = None
+            if name == "relax.clip":
+                q = self.graph.call(call.args[0], "relax.quantize")
+                if q is not None and call.args[0] in self.fused:
+                    anchor = (q, call)
+            elif name == "relax.quantize" and var not in self.fused:
+                anchor = (call, None)
+            if anchor is not None:
+                lowered = self._lower(var, *anchor)
+                if lowered is not None:
+                    return lowered
+            return super().visit_call_(call)
+
+        def _lower(self, var, quantize, clip):
+            label = var.name if var is not None else "?"
+            try:
+                layer = _match_layer(self.graph, quantize, clip)
+            except NotInteger as e:
+                before = self.graph.call(quantize.args[0], *_ANY_OP)
+                op = before.op.name.replace("relax.", "") if before is not None else "quantize"
+                self.report.append(Fallback(op, label, str(e)))
+                return None
+            make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
+            func, data_shape, consts, out_shape, kname, tuned = make(
+                layer, self.target, self.database)
+            x = self.visit_expr(layer.x)
+            if _shape(layer.x) != data_shape:
+                x = self.builder_.emit(relax.op.reshape(x, data_shape))
+            # te.create_prim_func names every func "main"; the module names them instead
+            gv = self.builder_.add_func(func.without_attr("global_symbol"),
+                                        f"tvm_armq_{layer.op}")
+            args = [x] + [relax.const(c) for c in consts]
+            out = relax.op.call_tir(gv, args, relax.TensorType(out_shape, layer.out_dtype))
+            if out_shape != layer.out_shape:
+                out = relax.op.reshape(self.builder_.emit(out), layer.out_shape)
+            self.report.append(Lowered(layer.op, label, _shape(layer.x), layer.out_shape,
+                                       kname, tuned))
+            return out
+
+    return Rewriter
+
+
+_ANY_OP = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.multiply", "relax.mean",
+           "relax.concat", "relax.nn.relu", "relax.nn.softmax", "relax.nn.avg_pool2d",
+           "relax.nn.max_pool2d", "relax.reshape", "relax.clip", "relax.subtract",
+           "relax.nn.pad", "relax.dequantize")
+
+
+def quantized_to_integer(target, database=None, report: list | None = None):
+    """The pass: every matched quantized conv/depthwise/dense of every Relax function
+    becomes a tvm_armq kernel for ``target``; ``report`` (if given) receives one
+    ``Lowered`` or ``Fallback`` record per quantized layer."""
+    import tvm
+    from tvm import relax
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_armq.QuantizedToInteger")
+    def run(mod, _ctx):
+        rewriter_cls = _lowering_rewriter()
+        out = mod
+        for gv, func in list(mod.functions.items()):
+            if not isinstance(func, relax.Function):
+                continue
+            rw = rewriter_cls(out, func, target, database)
+            new = rw.visit_expr(func)
+            rw.builder_.update_func(gv, new)
+            out = rw.builder_.get()
+            if report is not None:
+                report.extend(rw.report)
+        return relax.transform.DeadCodeElimination()(out)
+
+    return run
