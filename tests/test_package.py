@@ -11,11 +11,13 @@ import numpy as np
 import tvm_armq
 
 
-def test_import_is_cheap():
-    code = ("import sys, tvm_armq; heavy = [m for m in ('tvm', 'tensorflow', 'tflite', "
-            "'ai_edge_litert') if m in sys.modules]; print(heavy)")
+def test_import_loads_no_tensorflow_and_installs_the_hook():
+    code = ("import sys, tvm_armq; heavy = [m for m in ('tensorflow', 'tflite', "
+            "'ai_edge_litert') if m in sys.modules]; print(heavy); "
+            "from tvm.relax import pipeline; "
+            "print(hasattr(pipeline.PIPELINE_MAP['default'], '_tvm_armq_wrapped'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.split() == ["[]", "True"]
 
 
 def test_schedules_and_intrinsics_install_inside_tvm_armq():

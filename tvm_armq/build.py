@@ -50,11 +50,69 @@ def import_tflite(model) -> "tvm.IRModule":
     return mod[0] if isinstance(mod, tuple) else mod
 
 
-def compile_tflite(model, target):
-    """Import a TFLite model and ``tvm.compile`` it for ``target``; returns the executable."""
+PRECISIONS = ("int8", "bf16")
+
+
+class UnsupportedTarget(ValueError):
+    """A tvm_armq-only option was asked of a target tvm_armq does not compile for."""
+
+
+def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
+                   report: list | None = None):
+    """Import a TFLite model and compile it for ``target``; returns the executable.
+
+    For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
+    dict, or a Target) quantized conv2d / depthwise / dense layers run tvm_armq's integer
+    kernels, scheduled from ``tuning_database`` (a ``tune`` work directory) where it has
+    them and with default knobs elsewhere. ``report`` (a list) receives what each
+    quantized layer became (``integrate.Lowered`` / ``integrate.Fallback``). Any other
+    target compiles with stock TVM, exactly as ``tvm.compile`` would.
+    """
     import tvm
 
-    return tvm.compile(import_tflite(model), target=resolve_target(target))
+    from . import hooks, integrate
+
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    tgt = resolve_target(target)
+    mod = import_tflite(model)
+    if not hooks.applies_to(tgt):
+        if tuning_database is not None or precision != "int8":
+            raise UnsupportedTarget(
+                f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
+                f"(tvm_armq's kernels); {tgt.kind.name} target {tgt} compiles with stock TVM only")
+        return tvm.compile(mod, target=tgt)
+    database = None
+    if tuning_database is not None:
+        from . import tuning
+
+        database = tuning.load_database(tuning_database)
+    with tgt:
+        mod = integrate.quantized_to_integer(tgt, database=database, report=report,
+                                             precision=precision)(mod)
+    return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
+
+
+def inspect(model, target, *, tuning_database=None) -> list:
+    """What each quantized layer of ``model`` becomes for ``target``, in model order:
+    ``integrate.Lowered`` (op, shapes, the kernel's name in the selection table, tuned or
+    not) or ``integrate.Fallback`` (op and why it stays float). Nothing is built."""
+    from . import hooks, integrate
+
+    tgt = resolve_target(target)
+    if not hooks.applies_to(tgt):
+        raise UnsupportedTarget(f"{tgt} is not an aarch64 LLVM target: tvm_armq leaves the "
+                                "whole model to stock TVM")
+    database = None
+    if tuning_database is not None:
+        from . import tuning
+
+        database = tuning.load_database(tuning_database)
+    report: list = []
+    with tgt:
+        integrate.quantized_to_integer(tgt, database=database, report=report,
+                                       schedule=False)(import_tflite(model))
+    return report
 
 
 def export_aarch64(executable, path: str | os.PathLike) -> Path:

@@ -1,8 +1,12 @@
 """``python -m tvm_armq``: compile, run and check TFLite models on aarch64; manage the device.
 
-    python -m tvm_armq compile MODEL.tflite --isa i8mm -o MODEL.so
+    python -m tvm_armq compile MODEL.tflite --isa i8mm -o MODEL.so [--tuning DIR]
+                                           [--precision int8|bf16]
+    python -m tvm_armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
     python -m tvm_armq run MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]]
     python -m tvm_armq device provision|start|stop|status [--isa LEVEL ...]
+    python -m tvm_armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
+                            [--rpc-tracker HOST:PORT --key KEY]
 
 Bad input (a missing file, a file that is not a TFLite model, an unknown ISA)
 is reported as one ``tvm_armq: error: ...`` line and exit status 2.
@@ -45,8 +49,41 @@ def cmd_compile(a) -> int:
 
     model = _load(a.model)
     out = Path(a.output) if a.output else Path(model.path).with_suffix(".so")
-    lib = build.export_aarch64(build.compile_tflite(model, a.isa), out)
-    print(f"wrote {lib} (aarch64, ISA level {a.isa})")
+    report: list = []
+    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
+                               precision=a.precision, report=report)
+    lib = build.export_aarch64(exe, out)
+    lowered = sum(1 for r in report if not hasattr(r, "reason"))
+    print(f"wrote {lib} (aarch64, ISA level {a.isa}; {lowered} of {len(report)} quantized "
+          f"layers on tvm_armq kernels, see `inspect`)")
+    return 0
+
+
+def _tuning_dir(a):
+    if not getattr(a, "tuning", None):
+        return None
+    if not Path(a.tuning).is_dir():
+        raise UsageError(f"--tuning {a.tuning}: no such directory (a `tune --work-dir`)")
+    return a.tuning
+
+
+def cmd_inspect(a) -> int:
+    from . import build
+
+    model = _load(a.model)
+    try:
+        report = build.inspect(model, a.isa, tuning_database=_tuning_dir(a))
+    except Exception as e:  # noqa: BLE001 - a bad database is the user's input
+        from . import tuning
+
+        if isinstance(e, getattr(tuning, "TuningError", ())):
+            raise UsageError(str(e)) from None
+        raise
+    print(f"{model.label} for {a.isa} ({build.resolve_target(a.isa)}):")
+    for r in report:
+        print("  " + r.line())
+    lowered = sum(1 for r in report if not hasattr(r, "reason"))
+    print(f"{lowered} of {len(report)} quantized layers run tvm_armq kernels")
     return 0
 
 
@@ -117,6 +154,29 @@ def cmd_device(a) -> int:
     return 0
 
 
+def cmd_tune(a) -> int:
+    from . import tuning
+
+    model = _load(a.model)
+    if a.trials < 1:
+        raise UsageError(f"--trials must be at least 1, got {a.trials}")
+    tracker = a.rpc_tracker
+    if a.rpc_tracker and a.key:
+        tracker = f"{a.rpc_tracker}:{a.key}"
+    elif a.rpc_tracker and a.rpc_tracker.count(":") != 2:  # HOST:PORT:KEY is fine too
+        raise UsageError("--rpc-tracker needs --key (the key the board registered under)")
+    elif a.key:
+        raise UsageError("--key names a device at an RPC tracker: give --rpc-tracker too")
+    try:
+        tasks = tuning.tasks_of_model(model, a.isa)
+        summary = tuning.tune(tasks, a.isa, work_dir=a.work_dir, trials=a.trials,
+                              tracker=tracker, level=a.isa, progress=not a.no_progress)
+    except tuning.TuningError as e:  # bad tracker address, foreign work dir, ...
+        raise UsageError(str(e)) from None
+    print(summary.table())
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line (no usage dump), exit status 2."""
 
@@ -133,7 +193,17 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("model")
     c.add_argument("--isa", type=_isa, default="i8mm")
     c.add_argument("-o", "--output", help="output .so (default: MODEL.so beside the model)")
+    c.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
+    c.add_argument("--precision", choices=["int8", "bf16"], default="int8",
+                   help="bf16: float conv2d/dense of a float model run as bf16 GEMMs "
+                        "(needs +bf16, the i8mm level)")
     c.set_defaults(func=cmd_compile)
+
+    i = sub.add_parser("inspect", help="per layer: op, shapes, the kernel chosen or why not")
+    i.add_argument("model")
+    i.add_argument("--isa", type=_isa, default="i8mm")
+    i.add_argument("--tuning", metavar="DIR", help="show which layers the database tunes")
+    i.set_defaults(func=cmd_inspect)
 
     r = sub.add_parser("run", help="compile, run on the aarch64 device, compare with TFLite")
     r.add_argument("model", nargs="?", default=str(BUNDLED_MODEL),
@@ -152,6 +222,21 @@ def parser() -> argparse.ArgumentParser:
     d.add_argument("--key", help="device key at the tracker (default armq-LEVEL)")
     d.add_argument("--json", action="store_true", help="status as JSON")
     d.set_defaults(func=cmd_device)
+
+    t = sub.add_parser("tune", help="autotune the model's conv2d/dense schedules on an aarch64 "
+                                    "device (MetaSchedule)")
+    t.add_argument("model")
+    t.add_argument("--isa", type=_isa, default="i8mm")
+    t.add_argument("--trials", type=int, default=64, help="candidates measured per layer")
+    t.add_argument("--work-dir", required=True,
+                   help="where the database, the summary and the logs go (resumed if present)")
+    t.add_argument("--rpc-tracker", help="HOST:PORT (or HOST:PORT:KEY) of an RPC tracker with "
+                                         "the board(s) "
+                                         "(default: a tracker and the emulated --isa device, "
+                                         "started for the run)")
+    t.add_argument("--key", help="the boards' device key at --rpc-tracker")
+    t.add_argument("--no-progress", action="store_true", help="no progress bar")
+    t.set_defaults(func=cmd_tune)
     return p
 
 

@@ -322,8 +322,10 @@ def _conv_window(layer: _Layer) -> dict:
                 padding=tuple(int(v) for v in a.padding))
 
 
-def _gemm_kernel(layer: _Layer, target, database):
-    """conv2d / dense as ``schedules.conv2d_gemm``: (func, constants, out shape, name, tuned)."""
+def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
+    """conv2d / dense as ``schedules.conv2d_gemm``: (func, constants, out shape, name, tuned).
+
+    ``tasks`` (if not None) collects the unscheduled func, for the autotuner."""
     from tvm_armq.intrinsics import kernels
     from tvm_armq.schedules import conv2d_gemm as cg
 
@@ -343,6 +345,8 @@ def _gemm_kernel(layer: _Layer, target, database):
     func = cg.conv2d_gemm_func(shape, tile, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                                act_range=layer.act_range)
     func = func.with_attr({"tvm_armq.op": "conv2d_gemm", "tvm_armq.kernel": kernel.name})
+    if tasks is not None:
+        tasks.append((func, kernel))
     scheduled = None
     if database is not None:
         from . import tuning
@@ -350,7 +354,8 @@ def _gemm_kernel(layer: _Layer, target, database):
         scheduled = tuning.schedule_from_database(database, func, target)
     tuned = scheduled is not None
     if not tuned:
-        scheduled = cg.schedule_conv2d_gemm(func, kernel, target, _gemm_knobs(shape, kernel))
+        scheduled = cg.schedule_conv2d_gemm(func, kernel, target, _gemm_knobs(shape, kernel)) \
+            if schedule else func
     mult, shift = _requant(layer)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1]), mult, shift]
@@ -365,7 +370,7 @@ def _gemm_knobs(shape, kernel):
     return cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
 
 
-def _depthwise_kernel(layer: _Layer, target, database):
+def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
     """Depthwise conv2d as ``schedules.depthwise`` (one NEON schedule for every level)."""
     from tvm_armq.schedules import depthwise as dw
 
@@ -379,7 +384,7 @@ def _depthwise_kernel(layer: _Layer, target, database):
                    left_shifts=bool((shift > 0).any()))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, **options)
-    scheduled = dw.schedule_depthwise(func, shape)
+    scheduled = dw.schedule_depthwise(func, shape) if schedule else func
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
     name = f"depthwise_s8s8s32_{kh}x{kw}_neon"
@@ -394,8 +399,9 @@ def _lowering_rewriter():
     class Rewriter(relax.PyExprMutator):
         """Replaces each matched quantize (or clip-of-quantize) by the integer kernel call."""
 
-        def __init__(self, mod, func, target, database):
+        def __init__(self, mod, func, target, database, tasks, schedule):
             super().__init__(mod)
+            self.tasks, self.schedule = tasks, schedule
             self.graph = _Graph(func)
             self.target, self.database = target, database
             self.report: list = []
@@ -435,7 +441,7 @@ def _lowering_rewriter():
                 return None
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
             func, data_shape, consts, out_shape, kname, tuned = make(
-                layer, self.target, self.database)
+                layer, self.target, self.database, self.tasks, self.schedule)
             x = self.visit_expr(layer.x)
             if _shape(layer.x) != data_shape:
                 x = self.builder_.emit(relax.op.reshape(x, data_shape))
@@ -459,10 +465,17 @@ _ANY_OP = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.multiply", "re
            "relax.nn.pad", "relax.dequantize")
 
 
-def quantized_to_integer(target, database=None, report: list | None = None):
+def quantized_to_integer(target, database=None, report: list | None = None,
+                         tasks: list | None = None, *, precision: str = "int8",
+                         schedule: bool = True):
     """The pass: every matched quantized conv/depthwise/dense of every Relax function
-    becomes a tvm_armq kernel for ``target``; ``report`` (if given) receives one
-    ``Lowered`` or ``Fallback`` record per quantized layer."""
+    becomes a tvm_armq kernel for ``target``, scheduled from the tuning ``database`` where
+    it has the layer, else with the default knobs. ``report`` (if given) receives one
+    ``Lowered`` or ``Fallback`` record per quantized layer; ``tasks`` (if given) receives
+    (unscheduled PrimFunc, kernel record) for every GEMM layer. ``precision="bf16"`` also
+    turns float conv2d / dense with constant weights into bf16 GEMMs (``bfmmla``).
+    ``schedule=False`` leaves the kernels unscheduled: for ``inspect``, never for a build.
+    """
     import tvm
     from tvm import relax
 
@@ -473,7 +486,7 @@ def quantized_to_integer(target, database=None, report: list | None = None):
         for gv, func in list(mod.functions.items()):
             if not isinstance(func, relax.Function):
                 continue
-            rw = rewriter_cls(out, func, target, database)
+            rw = rewriter_cls(out, func, target, database, tasks, schedule)
             new = rw.visit_expr(func)
             rw.builder_.update_func(gv, new)
             out = rw.builder_.get()
@@ -482,3 +495,23 @@ def quantized_to_integer(target, database=None, report: list | None = None):
         return relax.transform.DeadCodeElimination()(out)
 
     return run
+
+
+def gemm_tasks(model, target) -> list:
+    """The distinct GEMM layers of a TFLite model as tuning tasks for ``target``:
+    [(name, unscheduled conv2d_gemm PrimFunc, kernel record)], in model order."""
+    import tvm
+
+    from .build import import_tflite, resolve_target
+
+    target = resolve_target(target)
+    found: list = []
+    with target:
+        quantized_to_integer(target, tasks=found)(import_tflite(model))
+    tasks, seen = [], set()
+    for func, kernel in found:
+        key = tvm.ir.structural_hash(func)
+        if key not in seen:
+            seen.add(key)
+            tasks.append((f"conv2d_gemm_{len(tasks)}", func, kernel))
+    return tasks

@@ -467,6 +467,34 @@ def _build_resnet_block(rng):
     return _finish_net(model, shape, rng)
 
 
+def _build_inception_block(rng):
+    """Tiny Inception: a stem, then one block of four branches (1x1; 1x1 -> 1x7 -> 7x1;
+    1x1 -> 3x3; 3x3 average pool -> 1x1) joined by CONCATENATION, global pool, dense."""
+    keras = _tf().keras
+    L = keras.layers
+    shape = (1, 24, 24, 3)
+    (inp,) = _inputs([shape])
+
+    def conv(x, ch, k, name, stride=1):
+        x = L.Conv2D(ch, k, strides=stride, padding="same", use_bias=False,
+                     name=f"{name}_conv")(x)
+        x = L.BatchNormalization(name=f"{name}_bn")(x)
+        return L.ReLU(name=f"{name}_relu")(x)
+
+    x = conv(inp, 16, 3, "stem", stride=2)
+    b1 = conv(x, 8, 1, "b1x1")
+    b2 = conv(conv(conv(x, 8, 1, "b7_a"), 8, (1, 7), "b7_b"), 12, (7, 1), "b7_c")
+    b3 = conv(conv(x, 8, 1, "b3_a"), 12, 3, "b3_b")
+    b4 = L.AveragePooling2D(3, strides=1, padding="same", name="pool")(x)
+    b4 = conv(b4, 8, 1, "bpool")
+    x = L.Concatenate(name="concat")([b1, b2, b3, b4])
+    x = conv(x, 32, 3, "reduce", stride=2)
+    x = L.GlobalAveragePooling2D(name="gap")(x)
+    x = L.Dense(10, name="logits")(x)
+    model = keras.Model(inp, x, name="inception_block")
+    return _finish_net(model, shape, rng)
+
+
 # --------------------------------------------------------------------------
 # Registry (ordered: single-op models first, then nets)
 # --------------------------------------------------------------------------
@@ -522,6 +550,9 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("resnet_block", _build_resnet_block, ((1, 32, 32, 3),),
               "Small ResNet: conv-BN-ReLU stem, 3 residual blocks (ADD), "
               "global average pool, dense 10", calib_samples=64),
+    ModelSpec("inception_block", _build_inception_block, ((1, 24, 24, 3),),
+              "Small Inception: 4 branches (1x1, 1x7/7x1, 3x3, avg pool) joined by "
+              "CONCATENATION, global average pool, dense 10", calib_samples=64),
 )
 
 _BY_NAME = {s.name: s for s in _SPECS}

@@ -1,0 +1,77 @@
+"""How ``import tvm_armq`` changes what ``tvm.compile`` makes of a quantized model.
+
+TVM 0.27 compiles a Relax module for a CPU target with the pipeline registered as
+"default" in ``tvm.relax.pipeline`` (``tvm.compile`` looks it up by that name on every
+call). ``install()`` wraps that entry: for an aarch64 LLVM target the wrapped pipeline
+first runs ``integrate.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
+tvm_armq kernel calls, the weights re-laid as constants) and then TVM's own pipeline,
+unchanged. For any other target it is TVM's pipeline and nothing else, so x86, CUDA or
+a C-source build compile exactly as they would without tvm_armq.
+
+``install()`` also lets TVM's TFLite frontend import quantized PAD / PADV2, which it
+refuses by default although its converter already does the right integer thing (pad the
+int8 tensor with its zero point: no dequantize, nothing to round).
+
+This is the Relax-era place of what the Relay design did with a conv2d strategy and an
+alter-op-layout hook: dispatch and the compile-time weight transform both happen in the
+pass, before legalization, where the quantization parameters are still visible.
+"""
+
+from __future__ import annotations
+
+_MARK = "_tvm_armq_wrapped"
+
+
+def applies_to(target) -> bool:
+    """True for the targets tvm_armq compiles: LLVM for aarch64."""
+    if target is None or target.kind.name != "llvm":
+        return False
+    return bool(getattr(target.features, "is_aarch64", False))
+
+
+def stock_pipeline():
+    """TVM's own "default" Relax pipeline (what ``tvm.compile`` runs without tvm_armq)."""
+    from tvm.relax import pipeline
+
+    entry = pipeline.PIPELINE_MAP["default"]
+    return getattr(entry, _MARK, entry)()
+
+
+# Quantized TFLite ops the frontend converts exactly but lists as unsupported.
+FRONTEND_EXACT_QUANTIZED_OPS = frozenset({"PAD", "PADV2"})
+
+
+def _extend_tflite_frontend() -> None:
+    from tvm.relax.frontend.tflite import tflite_frontend
+
+    conv = tflite_frontend.OperatorConverter
+    conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | FRONTEND_EXACT_QUANTIZED_OPS
+
+
+def install() -> None:
+    """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline and let
+    the TFLite frontend import quantized PAD (both idempotent)."""
+    import tvm
+    from tvm.relax import pipeline
+
+    _extend_tflite_frontend()
+    original = pipeline.PIPELINE_MAP["default"]
+    if hasattr(original, _MARK):
+        return
+
+    def default_with_tvm_armq(**kwargs):
+        base = original(**kwargs)
+
+        @tvm.transform.module_pass(opt_level=0, name="tvm_armq.default_pipeline")
+        def run(mod, _ctx):
+            target = tvm.target.Target.current(allow_none=True)
+            if applies_to(target):
+                from .integrate import quantized_to_integer
+
+                mod = quantized_to_integer(target)(mod)
+            return base(mod)
+
+        return run
+
+    setattr(default_with_tvm_armq, _MARK, original)
+    pipeline.PIPELINE_MAP["default"] = default_with_tvm_armq
