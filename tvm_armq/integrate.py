@@ -391,6 +391,140 @@ def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
     return scheduled, (b, h, w, c), consts, (b, shape.out_h, shape.out_w, n), name, False
 
 
+# ------------------------------------------------------------------ other int8 ops
+# The float activation the frontend puts between an ADD/MUL and its quantize.
+_FLOAT_ACTIVATIONS = {(0.0, 6.0): _ACT_RELU6, (-1.0, 1.0): _ACT_RELU_N1_TO_1}
+
+
+def _act_before(graph: _Graph, y):
+    """(expr under a float relu/relu6 clip, its TFLite activation) or (y, ACT_NONE)."""
+    relu = graph.call(y, "relax.nn.relu")
+    if relu is not None:
+        return relu.args[0], _ACT_RELU
+    clip = graph.call(y, "relax.clip")
+    if clip is not None:
+        bounds = tuple(float(v.value) for v in clip.args[1:3])
+        if bounds in _FLOAT_ACTIVATIONS:
+            return clip.args[0], _FLOAT_ACTIVATIONS[bounds]
+        if bounds[0] == 0.0 and bounds[1] >= 3.4e38:
+            return clip.args[0], _ACT_RELU
+    return y, _ACT_NONE
+
+
+def _quantized_var(graph: _Graph, expr, what: str):
+    """(int8 variable, (scale, zp)) of ``dequantize(var)`` with per-tensor parameters."""
+    deq = graph.call(expr, "relax.dequantize")
+    if deq is None or _is_const(deq.args[0]) or graph.const(deq.args[0]) is not None:
+        raise NotInteger(f"{what} is not a dequantized int8 tensor")
+    x = deq.args[0]
+    if _dtype(x) != "int8":
+        raise NotInteger(f"{what} has dtype {_dtype(x)} (int8 only)")
+    return x, _qparams(graph, deq).scalar(what)
+
+
+def _out_range(graph, quantize, clip, act, out_q) -> tuple[int, int]:
+    """The output clamp: the float activation before the quantize and/or the frontend's
+    clip after it, both recomputed TFLite's way, intersected."""
+    lo, hi = activation_range(act, out_q[0], out_q[1], "int8")
+    if clip is not None:
+        clo, chi = _fused_activation(*(float(v.value) for v in clip.args[1:3]), *out_q, "int8")
+        lo, hi = max(lo, clo), min(hi, chi)
+    return lo, hi
+
+
+@dataclasses.dataclass
+class _KernelCall:
+    """One ``call_tir`` for the pass to emit."""
+
+    func: object
+    name: str
+    inputs: list            # graph variables, in the func's parameter order
+    consts: list            # NumPy arrays after the inputs
+    out_shape: tuple
+    record: Lowered
+
+
+def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _KernelCall:
+    """The non-GEMM int8 ops (``schedules.int8_ops``), TFLite's reference arithmetic."""
+    from tvm_armq.schedules import int8_ops as ops
+
+    out_q = _qparams(graph, quantize).scalar("the output")
+    if str(quantize.attrs.out_dtype) != "int8":
+        raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
+    out_shape = _shape(quantize)
+    y, act = _act_before(graph, quantize.args[0])
+    core = graph.call(y, "relax.add", "relax.multiply", "relax.mean", "relax.concat",
+                      "relax.nn.softmax", "relax.dequantize")
+    if core is None:
+        raise NotInteger("no integer kernel for this op")
+    op = core.op.name.replace("relax.", "").replace("nn.", "")
+    act_range = _out_range(graph, quantize, clip, act, out_q)
+
+    def record(kernel, inputs):
+        return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
+
+    if op in ("add", "multiply"):
+        (a, a_q), (b, b_q) = (_quantized_var(graph, e, f"{op} input {i}")
+                              for i, e in enumerate(core.args))
+        make = ops.add_func if op == "add" else ops.mul_func
+        func = make(_shape(a), _shape(b), out_shape, a_q, b_q, out_q, act_range)
+        return _KernelCall(func, op, [a, b], [], out_shape, record(f"{op}_s8_tflite", [a]))
+    if act != _ACT_NONE or act_range != (-128, 127):
+        raise NotInteger(f"{op} followed by an activation")
+    if op == "mean":
+        x, x_q = _quantized_var(graph, core.args[0], "the mean input")
+        axes = [int(v) for v in core.attrs.axis]
+        func = ops.mean_func(_shape(x), axes, bool(core.attrs.keepdims), x_q, out_q)
+        return _KernelCall(func, op, [x], [], out_shape, record("mean_s8_tflite", [x]))
+    if op == "softmax":
+        x, x_q = _quantized_var(graph, core.args[0], "the softmax input")
+        if int(core.attrs.axis) not in (-1, len(_shape(x)) - 1):
+            raise NotInteger("softmax over an axis other than the last")
+        if out_q != (1.0 / 256, -128):
+            raise NotInteger(f"softmax output quantization {out_q} (TFLite's is 1/256, -128)")
+        func, table = ops.softmax_func(_shape(x), x_q)
+        return _KernelCall(func, op, [x], [table], out_shape, record("softmax_s8_tflite", [x]))
+    if op == "dequantize":  # quantize(dequantize(x)): TFLite's QUANTIZE, a requantization
+        x, x_q = _quantized_var(graph, core, "the input")
+        func = ops.requantize_func(_shape(x), x_q, out_q)
+        return _KernelCall(func, "requantize", [x], [], out_shape,
+                           Lowered("quantize", label, _shape(x), out_shape, "requantize_s8"))
+    # concat: inputs already in the output's quantization are copied as they are; the
+    # others are requantized first (what TFLite's converter puts in front of them).
+    calls = []
+    for i, e in enumerate(core.args[0].fields if hasattr(core.args[0], "fields")
+                          else graph.defs[core.args[0]].fields):
+        x, x_q = _quantized_var(graph, e, f"concat input {i}")
+        func = None if x_q == out_q else ops.requantize_func(_shape(x), x_q, out_q)
+        calls.append(_KernelCall(func, "requantize", [x], [], _shape(x), None))
+    calls.append(int(core.attrs.axis))
+    calls.append(Lowered("concat", label, _shape(calls[0].inputs[0]), out_shape,
+                         "concat_s8" + ("" if all(c.func is None for c in calls[:-2])
+                                        else "+requantize_s8")))
+    return calls
+
+
+def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
+    """astype(avg_pool2d(astype(x, int32)), int8), the frontend's integer AVERAGE_POOL_2D,
+    with TFLite's rounding of the average (the frontend's division truncates)."""
+    from tvm_armq.schedules import int8_ops as ops
+
+    pool = graph.call(cast.args[0], "relax.nn.avg_pool2d")
+    widen = graph.call(pool.args[0], "relax.astype") if pool is not None else None
+    if widen is None or _dtype(widen.args[0]) != "int8" or str(cast.attrs.dtype) != "int8":
+        raise NotInteger("not an int8 average pool")
+    a = pool.attrs
+    if str(a.layout) != "NHWC" or bool(a.ceil_mode) or bool(a.count_include_pad) or \
+            any(int(d) != 1 for d in a.dilation):
+        raise NotInteger("average pool other than TFLite's (NHWC, no ceil, pads not counted)")
+    x = widen.args[0]
+    func = ops.avg_pool_func(_shape(x), tuple(int(v) for v in a.pool_size),
+                             tuple(int(v) for v in a.strides),
+                             tuple(int(v) for v in a.padding))
+    return _KernelCall(func, "avg_pool2d", [x], [], _shape(cast),
+                       Lowered("avg_pool2d", label, _shape(x), _shape(cast), "avg_pool_s8_tflite"))
+
+
 # ------------------------------------------------------------------ the pass
 def _lowering_rewriter():
     from tvm import relax
@@ -416,47 +550,86 @@ def _lowering_rewriter():
 
         def visit_call_(self, call):
             var = self.var_of.get(call)
+            label = var.name if var is not None else "?"
             name = getattr(call.op, "name", "")
-            anchor = None
+            lowered = None
             if name == "relax.clip":
                 q = self.graph.call(call.args[0], "relax.quantize")
                 if q is not None and call.args[0] in self.fused:
-                    anchor = (q, call)
+                    lowered = self._lower(label, q, call)
             elif name == "relax.quantize" and var not in self.fused:
-                anchor = (call, None)
-            if anchor is not None:
-                lowered = self._lower(var, *anchor)
-                if lowered is not None:
-                    return lowered
-            return super().visit_call_(call)
+                lowered = self._lower(label, call, None)
+            elif name == "relax.astype" and \
+                    self.graph.call(call.args[0], "relax.nn.avg_pool2d") is not None:
+                lowered = self._try(label, "avg_pool2d", lambda: _avg_pool(self.graph, call,
+                                                                           label))
+            return lowered if lowered is not None else super().visit_call_(call)
 
-        def _lower(self, var, quantize, clip):
-            label = var.name if var is not None else "?"
+        def _try(self, label, op, make):
             try:
-                layer = _match_layer(self.graph, quantize, clip)
+                return self._emit(make())
             except NotInteger as e:
-                before = self.graph.call(quantize.args[0], *_ANY_OP)
-                op = before.op.name.replace("relax.", "") if before is not None else "quantize"
                 self.report.append(Fallback(op, label, str(e)))
                 return None
+
+        def _lower(self, label, quantize, clip):
+            before, _ = _act_before(self.graph, quantize.args[0])
+            core = self.graph.call(before, *_ANY_OP)
+            op = core.op.name.replace("relax.", "").replace("nn.", "") if core is not None \
+                else "quantize"
+            if op in ("conv2d", "matmul") or (op == "add" and self._has_const_arm(core)):
+                return self._try(label, op, lambda: self._gemm(label, quantize, clip))
+            return self._try(label, op, lambda: _int8_op(self.graph, quantize, clip, label))
+
+        def _has_const_arm(self, add):
+            return any(self.graph.const(_dequantized_input(self.graph, a)) is not None
+                       for a in add.args)
+
+        def _gemm(self, label, quantize, clip) -> _KernelCall:
+            layer = _match_layer(self.graph, quantize, clip)
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
             func, data_shape, consts, out_shape, kname, tuned = make(
                 layer, self.target, self.database, self.tasks, self.schedule)
-            x = self.visit_expr(layer.x)
-            if _shape(layer.x) != data_shape:
-                x = self.builder_.emit(relax.op.reshape(x, data_shape))
+            record = Lowered(layer.op, label, _shape(layer.x), layer.out_shape, kname, tuned)
+            return _KernelCall(func, layer.op, [(layer.x, data_shape)], consts, out_shape,
+                               record)
+
+        def _call_tir(self, kc: _KernelCall):
+            """Emit ``kc``; returns the output expression (not yet bound)."""
+            args = []
+            for item in kc.inputs:
+                x, shape = item if isinstance(item, tuple) else (item, _shape(item))
+                new = self.visit_expr(x)
+                args.append(new if _shape(x) == tuple(shape)
+                            else self.builder_.emit(relax.op.reshape(new, shape)))
             # te.create_prim_func names every func "main"; the module names them instead
-            gv = self.builder_.add_func(func.without_attr("global_symbol"),
-                                        f"tvm_armq_{layer.op}")
-            args = [x] + [relax.const(c) for c in consts]
-            out = relax.op.call_tir(gv, args, relax.TensorType(out_shape, layer.out_dtype))
-            if out_shape != layer.out_shape:
-                out = relax.op.reshape(self.builder_.emit(out), layer.out_shape)
-            self.report.append(Lowered(layer.op, label, _shape(layer.x), layer.out_shape,
-                                       kname, tuned))
+            gv = self.builder_.add_func(kc.func.without_attr("global_symbol"),
+                                        f"tvm_armq_{kc.name}")
+            args += [relax.const(c) for c in kc.consts]
+            return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, "int8"))
+
+        def _emit(self, made):
+            if isinstance(made, list):  # concat: requantized (or raw) inputs, then a copy
+                *calls, axis, record = made
+                parts = [self.builder_.emit(self._call_tir(c)) if c.func is not None
+                         else self.visit_expr(c.inputs[0]) for c in calls]
+                self.report.append(record)
+                return relax.op.concat(parts, axis)
+            out = self._call_tir(made)
+            final = made.record.out_shape
+            if tuple(made.out_shape) != tuple(final):
+                out = relax.op.reshape(self.builder_.emit(out), final)
+            self.report.append(made.record)
             return out
 
     return Rewriter
+
+
+def _dequantized_input(graph: _Graph, expr):
+    """What a dequantize (possibly behind a reshape) reads, or ``expr`` itself."""
+    reshape = graph.call(expr, "relax.reshape")
+    deq = graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
+    return deq.args[0] if deq is not None else expr
 
 
 _ANY_OP = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.multiply", "relax.mean",
