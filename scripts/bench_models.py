@@ -1,12 +1,15 @@
-"""Estimated aarch64 cycles of whole models: TVM builds against TFLite (XNNPACK).
+"""Estimated aarch64 cycles of whole models: tvm_armq and stock TVM against TFLite (XNNPACK).
 
-For each model and ISA level: compile the model with TVM for that level, then
-let ``../shared/armperf`` run TFLite and the TVM module on the same emulated CPU
+For each model and ISA level: compile the model twice for that level, with tvm_armq
+(``compile_tflite``) and with stock TVM 0.27 (its own default pipeline, QDQ in float),
+then let ``../shared/armperf`` run TFLite and each TVM module on the same emulated CPU
 and price their hot blocks on the level's llvm-mca core model. Prints a table of
-estimated cycles per inference and the ratio tflite/tvm (above 1: TVM is faster).
+estimated cycles per inference and the ratios tflite/tvm (above 1: TVM is faster), and
+with ``--png`` draws them as a bar chart (needs matplotlib: ``pip install -e .[bench]``).
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
-                                   [--json out.json] [--armperf PATH/armperf.py]
+                                   [--no-stock] [--json out.json] [--png out.png]
+                                   [--armperf PATH/armperf.py]
 
 The figures are core-bound estimates (every load an L1 hit), for comparing two
 builds of the same model on the same core model; they are not milliseconds.
@@ -21,13 +24,22 @@ import sys
 import tempfile
 from pathlib import Path
 
-from tvm_armq import build, zoo
+from tvm_armq import build, hooks, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
-DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "mobilenet_v1_1.0", "mobilenet_v2_1.0"]
+DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "inception_block", "mobilenet_v1_1.0",
+                  "mobilenet_v2_1.0"]
+
+
+def compile_stock(model: TFLiteModel, level: str):
+    """The model as stock TVM 0.27 compiles it (tvm_armq's hook bypassed)."""
+    import tvm
+
+    return tvm.compile(build.import_tflite(model), target=build.resolve_target(level),
+                       relax_pipeline=hooks.stock_pipeline())
 
 
 def input_specs(model: TFLiteModel) -> list[str]:
@@ -54,29 +66,67 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
     ap.add_argument("--json", type=Path, help="write all figures here")
+    ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
+    ap.add_argument("--no-stock", action="store_true", help="tvm_armq against TFLite only")
     a = ap.parse_args()
     if not a.armperf.exists():
         ap.error(f"{a.armperf} not found: pass --armperf")
 
+    builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl)}
+    if not a.no_stock:
+        builders["stock_tvm"] = compile_stock
     rows = []
-    print(f"{'model':20s} {'isa':8s} {'tflite cyc':>12s} {'stock TVM cyc':>14s} "
-          f"{'tflite/tvm':>10s}", flush=True)
+    head = f"{'model':18s} {'isa':8s} {'tflite cyc':>11s}"
+    for b in builders:
+        head += f" {b + ' cyc':>14s} {'tflite/' + b:>17s}"
+    print(head, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models:
             model = TFLiteModel.load(zoo.build(name))
             for level in a.isa:
-                lib = build.export_aarch64(build.compile_tflite(model, level),
-                                           Path(tmp) / f"{name}-{level}.so")
-                r = compare(a.armperf, model, lib, level, a.runs)
-                row = {"model": name, "isa": level, "tflite": r["tflite"]["cycles_per_run"],
-                       "stock_tvm": r["tvm"]["cycles_per_run"],
-                       "tflite_over_tvm": r["tflite_over_tvm"]}
+                row = {"model": name, "isa": level}
+                line = f"{name:18s} {level:8s}"
+                for b, make in builders.items():
+                    lib = build.export_aarch64(make(model, level),
+                                               Path(tmp) / f"{name}-{level}-{b}.so")
+                    r = compare(a.armperf, model, lib, level, a.runs)
+                    row["tflite"] = r["tflite"]["cycles_per_run"]
+                    row[b] = r["tvm"]["cycles_per_run"]
+                    row[f"tflite_over_{b}"] = r["tflite_over_tvm"]
+                line += f" {row['tflite']:11.4g}"
+                for b in builders:
+                    line += f" {row[b]:14.4g} {row['tflite_over_' + b]:17.3f}"
                 rows.append(row)
-                print(f"{name:20s} {level:8s} {row['tflite']:12.4g} {row['stock_tvm']:14.4g} "
-                      f"{row['tflite_over_tvm']:10.3f}", flush=True)
+                print(line, flush=True)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
+    if a.png:
+        chart(rows, list(builders), a.png)
     return 0
+
+
+def chart(rows: list[dict], builders: list[str], path: Path) -> None:
+    """Bars of tflite/tvm per model and ISA level, one colour per build; 1.0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{r['model']}\n{r['isa']}" for r in rows]
+    width = 0.8 / len(builders)
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.5))
+    for i, b in enumerate(builders):
+        ax.bar([x + i * width for x in range(len(rows))],
+               [r[f"tflite_over_{b}"] for r in rows], width, label=b)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_xticks([x + width * (len(builders) - 1) / 2 for x in range(len(rows))], labels,
+                  fontsize=7)
+    ax.set_ylabel("TFLite est. cycles / TVM est. cycles (above 1: TVM faster)")
+    ax.set_title("Whole models, armperf estimated cycles, 1 thread")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -19,7 +19,11 @@ pytestmark = pytest.mark.device
 
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
         "inception_block"]
-SINGLE_OPS = [n for n in zoo.names() if n not in NETS]
+# Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
+# which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
+# land one step off. Bound: at most one step, on at most this share of the outputs.
+FLOAT_FALLBACK = {"logistic": 0.05}
+SINGLE_OPS = [n for n in zoo.names() if n not in NETS and n not in FLOAT_FALLBACK]
 SEEDS = (0, 1)
 
 
@@ -64,6 +68,17 @@ def test_model_is_bit_exact(outputs, level, name, report):
                                     f"of {diff.size} outputs differ, by up to {diff.max()}"
             # The reference really varies, so equality means something.
             assert len(np.unique(e)) > min(4, e.size - 1)
+
+
+@pytest.mark.parametrize("name", sorted(FLOAT_FALLBACK))
+def test_float_fallback_runs_within_one_step(outputs, level, name, report):
+    """An op without an integer kernel still runs, in float, within one step of TFLite."""
+    for seed, (got, expected) in zip(SEEDS, outputs(level)[name]):
+        for g, e in zip(got, expected):
+            diff = np.abs(g.astype(np.int32) - e.astype(np.int32))
+            report(f"tvm_armq   {name:18s} {level:8s} seed {seed} max|diff| {diff.max():3d}  "
+                   f"differ {int((diff > 0).sum()):5d}/{diff.size}  (float fallback)")
+            assert diff.max() <= 1 and (diff > 0).mean() <= FLOAT_FALLBACK[name]
 
 
 @pytest.mark.parametrize("name", NETS)

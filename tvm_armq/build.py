@@ -41,6 +41,15 @@ def resolve_target(target):
     return tvm.target.Target(target)
 
 
+def describe_target(target) -> str:
+    """A short label of a target for messages: kind, triple, cpu and features."""
+    attrs = target.attrs
+    parts = [target.kind.name] + [str(attrs[k]) for k in ("mtriple", "mcpu") if k in attrs]
+    if "mattr" in attrs and len(attrs["mattr"]):
+        parts.append(",".join(str(m) for m in attrs["mattr"]))
+    return " ".join(parts)
+
+
 def import_tflite(model) -> "tvm.IRModule":
     """The Relax module of a TFLite model, as TVM's TFLite frontend imports it."""
     from tvm.relax.frontend.tflite import from_tflite
@@ -58,14 +67,16 @@ class UnsupportedTarget(ValueError):
 
 
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
-                   report: list | None = None):
+                   report: list | None = None, strict: bool = False):
     """Import a TFLite model and compile it for ``target``; returns the executable.
 
     For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
     dict, or a Target) quantized conv2d / depthwise / dense layers run tvm_armq's integer
     kernels, scheduled from ``tuning_database`` (a ``tune`` work directory) where it has
     them and with default knobs elsewhere. ``report`` (a list) receives what each
-    quantized layer became (``integrate.Lowered`` / ``integrate.Fallback``). Any other
+    quantized layer became (``integrate.Lowered`` / ``integrate.Fallback``); a layer with
+    no integer kernel stays float (QDQ) and runs correctly, unless ``strict``, which raises
+    ``tvm.error.OpNotImplemented`` naming every such layer, its op and why. Any other
     target compiles with stock TVM, exactly as ``tvm.compile`` would.
     """
     import tvm
@@ -80,16 +91,23 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
         if tuning_database is not None or precision != "int8":
             raise UnsupportedTarget(
                 f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
-                f"(tvm_armq's kernels); {tgt.kind.name} target {tgt} compiles with stock TVM only")
+                f"(tvm_armq's kernels); {describe_target(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
     database = None
     if tuning_database is not None:
         from . import tuning
 
         database = tuning.load_database(tuning_database)
+    layers = [] if report is None else report
     with tgt:
-        mod = integrate.quantized_to_integer(tgt, database=database, report=report,
+        mod = integrate.quantized_to_integer(tgt, database=database, report=layers,
                                              precision=precision)(mod)
+    fallbacks = [r for r in layers if isinstance(r, integrate.Fallback)]
+    if strict and fallbacks:
+        raise tvm.error.OpNotImplemented(
+            f"{len(fallbacks)} quantized layer(s) have no tvm_armq integer kernel for "
+            f"{describe_target(tgt)}:\n"
+            + "\n".join("  " + r.line() for r in fallbacks))
     return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
 
 
@@ -101,7 +119,8 @@ def inspect(model, target, *, tuning_database=None) -> list:
 
     tgt = resolve_target(target)
     if not hooks.applies_to(tgt):
-        raise UnsupportedTarget(f"{tgt} is not an aarch64 LLVM target: tvm_armq leaves the "
+        raise UnsupportedTarget(f"{describe_target(tgt)} is not an aarch64 LLVM target: "
+                                "tvm_armq leaves the "
                                 "whole model to stock TVM")
     database = None
     if tuning_database is not None:

@@ -50,8 +50,13 @@ def cmd_compile(a) -> int:
     model = _load(a.model)
     out = Path(a.output) if a.output else Path(model.path).with_suffix(".so")
     report: list = []
-    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
-                               precision=a.precision, report=report)
+    import tvm
+
+    try:
+        exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
+                                   precision=a.precision, report=report, strict=a.strict)
+    except tvm.error.OpNotImplemented as e:
+        raise UsageError(str(e).replace("\n", "; ")) from None
     lib = build.export_aarch64(exe, out)
     lowered = sum(1 for r in report if not hasattr(r, "reason"))
     print(f"wrote {lib} (aarch64, ISA level {a.isa}; {lowered} of {len(report)} quantized "
@@ -79,7 +84,7 @@ def cmd_inspect(a) -> int:
         if isinstance(e, getattr(tuning, "TuningError", ())):
             raise UsageError(str(e)) from None
         raise
-    print(f"{model.label} for {a.isa} ({build.resolve_target(a.isa)}):")
+    print(f"{model.label} for {a.isa} ({build.describe_target(build.resolve_target(a.isa))}):")
     for r in report:
         print("  " + r.line())
     lowered = sum(1 for r in report if not hasattr(r, "reason"))
@@ -194,6 +199,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--isa", type=_isa, default="i8mm")
     c.add_argument("-o", "--output", help="output .so (default: MODEL.so beside the model)")
     c.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
+    c.add_argument("--strict", action="store_true",
+                   help="fail if a quantized layer would stay float (no tvm_armq kernel)")
     c.add_argument("--precision", choices=["int8", "bf16"], default="int8",
                    help="bf16: float conv2d/dense of a float model run as bf16 GEMMs "
                         "(needs +bf16, the i8mm level)")

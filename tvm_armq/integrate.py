@@ -574,7 +574,7 @@ def _lowering_rewriter():
 
         def _lower(self, label, quantize, clip):
             before, _ = _act_before(self.graph, quantize.args[0])
-            core = self.graph.call(before, *_ANY_OP)
+            core = self.graph.call(before, *_op_names(self.graph.defs.get(before)))
             op = core.op.name.replace("relax.", "").replace("nn.", "") if core is not None \
                 else "quantize"
             if op in ("conv2d", "matmul") or (op == "add" and self._has_const_arm(core)):
@@ -632,10 +632,11 @@ def _dequantized_input(graph: _Graph, expr):
     return deq.args[0] if deq is not None else expr
 
 
-_ANY_OP = ("relax.nn.conv2d", "relax.matmul", "relax.add", "relax.multiply", "relax.mean",
-           "relax.concat", "relax.nn.relu", "relax.nn.softmax", "relax.nn.avg_pool2d",
-           "relax.nn.max_pool2d", "relax.reshape", "relax.clip", "relax.subtract",
-           "relax.nn.pad", "relax.dequantize")
+def _op_names(value) -> tuple[str, ...]:
+    """The op name of a Call to an op (for ``_Graph.call``), else nothing."""
+    op = getattr(value, "op", None)
+    return (op.name,) if isinstance(op, _op_type()) else ()
+
 
 
 def quantized_to_integer(target, database=None, report: list | None = None,

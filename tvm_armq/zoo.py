@@ -350,6 +350,11 @@ def _build_add(rng):
     return keras.Model([a, b], y)
 
 
+def _build_logistic(rng):
+    # LOGISTIC: tvm_armq has no integer kernel for it; the model tests the float fallback.
+    return _single_layer([_X8], lambda L: L.Activation("sigmoid", name="logistic"), rng)
+
+
 def _build_avg_pool(rng):
     return _single_layer(
         [_X8],
@@ -538,6 +543,9 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("pad", _build_pad, (_X8,),
               "PAD with zeros, H (1,2), W (2,1)", op="PAD"),
     # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
+    ModelSpec("logistic", _build_logistic, (_X8,),
+              "LOGISTIC (sigmoid), 8 ch: no tvm_armq kernel, stays float QDQ",
+              op="LOGISTIC", input_ranges=((-4.0, 4.0),)),
     ModelSpec("mobilenet_v1_0.25", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
               "Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
               calib_samples=32),
