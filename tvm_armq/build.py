@@ -76,7 +76,9 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     them and with default knobs elsewhere. ``report`` (a list) receives what each
     quantized layer became (``integrate.Lowered`` / ``integrate.Fallback``); a layer with
     no integer kernel stays float (QDQ) and runs correctly, unless ``strict``, which raises
-    ``tvm.error.OpNotImplemented`` naming every such layer, its op and why. Any other
+    ``tvm.error.OpNotImplemented`` naming every such layer, its op and why.
+    ``precision="bf16"`` also runs the fp32 conv2d / dense of a float model as bf16 GEMMs
+    (``bfmmla``, weights rounded to bf16 at compile time; needs +bf16, the i8mm level). Any other
     target compiles with stock TVM, exactly as ``tvm.compile`` would.
     """
     import tvm
@@ -100,8 +102,11 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
         database = tuning.load_database(tuning_database)
     layers = [] if report is None else report
     with tgt:
-        mod = integrate.quantized_to_integer(tgt, database=database, report=layers,
-                                             precision=precision)(mod)
+        mod = integrate.quantized_to_integer(tgt, database=database, report=layers)(mod)
+        if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
+            from . import integrate_bf16
+
+            mod = integrate_bf16.float_to_bf16(tgt, report=layers)(mod)
     fallbacks = [r for r in layers if isinstance(r, integrate.Fallback)]
     if strict and fallbacks:
         raise tvm.error.OpNotImplemented(

@@ -640,14 +640,12 @@ def _op_names(value) -> tuple[str, ...]:
 
 
 def quantized_to_integer(target, database=None, report: list | None = None,
-                         tasks: list | None = None, *, precision: str = "int8",
-                         schedule: bool = True):
+                         tasks: list | None = None, *, schedule: bool = True):
     """The pass: every matched quantized conv/depthwise/dense of every Relax function
     becomes a tvm_armq kernel for ``target``, scheduled from the tuning ``database`` where
     it has the layer, else with the default knobs. ``report`` (if given) receives one
     ``Lowered`` or ``Fallback`` record per quantized layer; ``tasks`` (if given) receives
-    (unscheduled PrimFunc, kernel record) for every GEMM layer. ``precision="bf16"`` also
-    turns float conv2d / dense with constant weights into bf16 GEMMs (``bfmmla``).
+    (unscheduled PrimFunc, kernel record) for every GEMM layer.
     ``schedule=False`` leaves the kernels unscheduled: for ``inspect``, never for a build.
     """
     import tvm

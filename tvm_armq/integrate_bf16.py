@@ -38,11 +38,11 @@ import dataclasses
 
 import numpy as np
 
-from .integrate import Fallback, Lowered, _Graph, _dtype, _is_const, _shape
+from .integrate import Fallback, Lowered, _Graph, _dtype, _shape
 
 FLOAT = "float32"
 OP = "conv2d_bf16"
-# The activations the frontend puts after a float layer, besides clip(lo, hi).
+# The frontend's fused activations: relu, and clip(lo, hi) for relu6 and relu_n1_to_1.
 _RELU = "relax.nn.relu"
 _CLIP = "relax.clip"
 _CORES = ("relax.nn.conv2d", "relax.matmul")
@@ -114,8 +114,8 @@ def _match_core(graph: _Graph, core) -> tuple[str, object, object, np.ndarray]:
         raise NotBf16(f"layout {attrs.data_layout} -> {attrs.out_layout} (NHWC only)")
     in_c, groups = _shape(x)[3], int(attrs.groups)
     if groups > 1 and groups == in_c:
-        raise NotBf16("depthwise (no bf16 depthwise kernel; one input channel per output "
-                      "channel is too little reduction for bfmmla)")
+        raise NotBf16("no bf16 depthwise kernel (kh * kw products per output: too "
+                      "little reduction for bfmmla)")
     if str(attrs.kernel_layout) != "HWIO":
         raise NotBf16(f"kernel layout {attrs.kernel_layout} (HWIO only)")
     if weight.ndim != 4:

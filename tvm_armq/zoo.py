@@ -33,6 +33,14 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
                      blocks (one strided with a 1x1 projection), global average pool,
                      dense 10
 
+Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed by
+``float_names()``, not by ``names()``, whose models are all int8):
+
+  conv2d_3x3_f32          CONV_2D 3x3 SAME stride 2, 1x16x16x8 -> 1x8x8x16, bias,
+                          fused ReLU6
+  fully_connected_f32     FULLY_CONNECTED 1x256 -> 1x16, bias, fused ReLU
+  mobilenet_v1_0.25_f32   the float graph of mobilenet_v1_0.25 (same weights)
+
 The nets are built with ``classifier_activation=None``: an int8 SOFTMAX over 1000
 classes with random weights puts nearly every output at the zero point (-128), which
 makes output comparisons meaningless.
@@ -42,6 +50,8 @@ with ``Optimize.DEFAULT``, a representative dataset, ``TFLITE_BUILTINS_INT8`` on
 and int8 model inputs and outputs (no float QUANTIZE/DEQUANTIZE at the edges).
 Weights are per-channel int8 (for FULLY_CONNECTED too: one scale per output
 unit), biases int32 with per-channel scales, activations per-tensor int8.
+Float models (``precision="float32"``) are converted with no optimization at all:
+fp32 weights, inputs and outputs, the Keras graph's own arithmetic.
 
 Where they are cached
 ---------------------
@@ -132,7 +142,8 @@ class ModelSpec:
     NC for fully_connected) shape per model input, in input order; all models have
     batch 1.  ``input_ranges`` is the float range the representative dataset draws
     each input from (uniform).  ``op`` is the TFLite builtin operator a single-op
-    model exists to test, ``None`` for nets.
+    model exists to test, ``None`` for nets.  ``precision`` is "int8" (full-integer
+    quantized) or "float32" (converted as is; ``float_names()``).
     """
 
     name: str
@@ -142,6 +153,7 @@ class ModelSpec:
     op: str | None = None
     input_ranges: tuple[tuple[float, float], ...] = ((-1.0, 1.0),)
     calib_samples: int = 64
+    precision: str = "int8"
 
     @property
     def kind(self) -> str:
@@ -500,6 +512,15 @@ def _build_inception_block(rng):
     return _finish_net(model, shape, rng)
 
 
+def _build_conv2d_3x3_f32(rng):
+    return _single_layer(
+        [_X8],
+        lambda L: L.Conv2D(16, 3, strides=2, padding="same", activation="relu6",
+                           name="conv"),
+        rng,
+    )
+
+
 # --------------------------------------------------------------------------
 # Registry (ordered: single-op models first, then nets)
 # --------------------------------------------------------------------------
@@ -563,8 +584,24 @@ _SPECS: tuple[ModelSpec, ...] = (
               "CONCATENATION, global average pool, dense 10", calib_samples=64),
 )
 
-_BY_NAME = {s.name: s for s in _SPECS}
-assert len(_BY_NAME) == len(_SPECS), "duplicate zoo model name"
+# Float models: a registry of their own, so that ``names()`` stays the int8 zoo (the
+# whole-model tests compare every one of those with TFLite bit for bit, in int8).
+_FLOAT = "float32"
+_FLOAT_SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("conv2d_3x3_f32", _build_conv2d_3x3_f32, (_X8,),
+              "float CONV_2D 3x3 SAME stride 2 (pads 0 top/left, 1 bottom/right), "
+              "8->16 ch, bias, fused ReLU6", op="CONV_2D",
+              precision=_FLOAT),
+    ModelSpec("fully_connected_f32", _build_fully_connected, (_FC_IN,),
+              "float FULLY_CONNECTED 256->16, bias, fused ReLU", op="FULLY_CONNECTED",
+              precision=_FLOAT),
+    ModelSpec("mobilenet_v1_0.25_f32", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
+              "float Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
+              precision=_FLOAT),
+)
+
+_BY_NAME = {s.name: s for s in _SPECS + _FLOAT_SPECS}
+assert len(_BY_NAME) == len(_SPECS) + len(_FLOAT_SPECS), "duplicate zoo model name"
 
 
 def names() -> list[str]:
@@ -575,6 +612,11 @@ def names() -> list[str]:
 def specs() -> list[ModelSpec]:
     """All specs, in the same order as ``names()``."""
     return list(_SPECS)
+
+
+def float_names() -> list[str]:
+    """The float (fp32, not quantized) models, single-op models first, then nets."""
+    return [s.name for s in _FLOAT_SPECS]
 
 
 class UnknownModelError(KeyError):
@@ -590,7 +632,8 @@ def spec(name: str) -> ModelSpec:
         return _BY_NAME[name]
     except KeyError:
         raise UnknownModelError(
-            f"unknown zoo model {name!r}; valid names: {', '.join(names())}"
+            f"unknown zoo model {name!r}; valid names: "
+            f"{', '.join(names() + float_names())}"
         ) from None
 
 
@@ -692,6 +735,19 @@ def _convert(s: ModelSpec) -> bytes:
     return data
 
 
+def _convert_float(s: ModelSpec) -> bytes:
+    """Build the float model of ``s`` and convert it to fp32 TFLite bytes, unquantized."""
+    tf = _tf()
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(SEED)
+    model = s.builder(np.random.RandomState(SEED))
+    converter = tf.lite.TFLiteConverter.from_keras_model(model)
+    with contextlib.redirect_stdout(io.StringIO()):  # see _convert
+        data = converter.convert()
+    tf.keras.backend.clear_session()
+    return data
+
+
 def build(
     name: str, *, force: bool = False, out_dir: str | os.PathLike | None = None
 ) -> pathlib.Path:
@@ -708,7 +764,7 @@ def build(
 
     directory.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = _convert(s)
+    data = (_convert_float if s.precision == _FLOAT else _convert)(s)
     seconds = time.perf_counter() - t0
     meta = {
         "name": s.name,
