@@ -21,15 +21,23 @@ The requantization parameters are computed exactly as TFLite's Prepare computes 
 activation as TFLite's ``CalculateActivationRangeQuantized`` does, so the integer result
 is TFLite's to the bit. The float ops the chain leaves unused are removed afterwards.
 
-What becomes integer (each a ``Lowered`` record in the pass's report):
+What becomes integer (each a ``Lowered`` record in the pass's report), by what precedes
+the ``quantize`` (or, for the average pool, the frontend's own int32 form):
 
-    conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   (GEMM micro-kernel)
-    conv2d, groups = in_c (depthwise)          -> depthwise
-    matmul with a constant int8 weight (FC)    -> conv2d_gemm   (as a 1x1 conv)
+    conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   GEMM micro-kernel of the target
+    conv2d, groups = in_c (depthwise)          -> depthwise     NEON widening MACs
+    matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
+    add, multiply of two int8 tensors          -> int8_ops      TFLite's 8-bit ADD / MUL
+    mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
+    concat                                     -> copy (requantizing inputs whose scale differs)
+    astype(avg_pool2d(astype(x, int32)))       -> int8_ops      TFLite's rounded average
 
-Anything else is left as the frontend made it (float between dequantize and quantize),
-still correct, and the report says why (``Fallback`` records). ``hooks.py`` puts this
-pass in front of ``tvm.compile``'s default pipeline for aarch64 targets.
+The fused activation is either a ``clip`` after the quantize (conv, dense) or a float
+``relu`` / ``clip(0, 6)`` before it (ADD, MUL); both become the clamp TFLite computes.
+PAD, MAX_POOL_2D and reshapes are already integer in the frontend's output. Anything else
+is left as the frontend made it (float between dequantize and quantize), still correct,
+and the report says why (``Fallback`` records). ``hooks.py`` puts this pass in front of
+``tvm.compile``'s default pipeline for aarch64 targets.
 """
 
 from __future__ import annotations
