@@ -402,6 +402,10 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
             raise DeviceError(f"the {lvl.name} device did not answer RPC at {endpoint} "
                               f"within {timeout:.0f} s; its log ({log}):\n{_log_tail(log)}")
         try:
+            # A tracker queues a request for a key nobody serves yet, forever: ask it only
+            # once the server has registered, so this loop keeps watching the process.
+            if tracker and not _tracker_serves(endpoint):
+                raise ConnectionError("not registered yet")
             sess = dev.connect()
             sess.cpu(0)  # a round trip through the worker proves it is up
             del sess
@@ -410,6 +414,14 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
             time.sleep(1.0)
     _state_file(lvl.name, dev.pid).write_text(json.dumps(dev.to_json()))
     return dev
+
+
+def _tracker_serves(endpoint: Endpoint) -> bool:
+    """True once some server is registered at the tracker under ``endpoint.key``."""
+    from tvm import rpc
+
+    queue = rpc.connect_tracker(endpoint.host, endpoint.port).summary().get("queue_info", {})
+    return int(queue.get(endpoint.key, {}).get("free", 0)) > 0
 
 
 def instances(level_name: str) -> list[Device]:

@@ -680,17 +680,17 @@ def quantized_to_integer(target, database=None, report: list | None = None,
 def gemm_tasks(model, target) -> list:
     """The distinct GEMM layers of a TFLite model as tuning tasks for ``target``:
     [(name, unscheduled conv2d_gemm PrimFunc, kernel record)], in model order."""
-    import tvm
+    import tvm_ffi
 
     from .build import import_tflite, resolve_target
 
     target = resolve_target(target)
     found: list = []
     with target:
-        quantized_to_integer(target, tasks=found)(import_tflite(model))
+        quantized_to_integer(target, tasks=found, schedule=False)(import_tflite(model))
     tasks, seen = [], set()
     for func, kernel in found:
-        key = tvm.ir.structural_hash(func)
+        key = tvm_ffi.structural_hash(func)
         if key not in seen:
             seen.add(key)
             tasks.append((f"conv2d_gemm_{len(tasks)}", func, kernel))

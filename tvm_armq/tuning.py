@@ -7,7 +7,7 @@ per distinct conv2d / dense layer), tagged with the micro-kernel it is built for
 the macro tile (m_tiles x n_tiles micro-tiles) and the K unrolling drawn by
 ``sample_perfect_tile``, so every candidate keeps the micro-kernel tensorized.
 
-A run repeats, per task, rounds of at most ``BATCH`` candidates:
+A run repeats, per task, rounds of ``batch`` candidates (``BATCH`` unless told):
 
     EvolutionarySearch + XGBModel   pick candidates: random draws of the space first, then
                                     mutations the cost model (xgboost) ranks best
@@ -42,6 +42,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -78,9 +79,16 @@ TRIAL_TIMEOUT_S = 120.0
 # time_evaluator: `repeat` means of `number` runs each, each repeat at least
 # `min_repeat_ms` long. Small numbers keep trials short under emulation.
 EVALUATOR = dict(number=3, repeat=3, min_repeat_ms=20, enable_cpu_cache_flush=False)
-TRACKER_PORTS = (9490, 9589)  # where a tracker started by `tune` looks for a free port
+# Ports of a tracker and an emulated device started by `tune`: ranges of their own, so a
+# run does not race the test suite's devices (9190.., 9290.., 9390..) for a port.
+TRACKER_PORTS = (9490, 9589)
+DEVICE_PORT = 9890  # the first one tried
 TRACKER_START_S = 60.0
+# A device started with a tracker is waited for by asking the tracker for it, which blocks
+# if the device died while starting; past this, the run gives up on it.
+DEVICE_START_S = 360.0
 ERRORS_KEPT = 5  # distinct failure messages per task kept in the summary
+FAILED_RUN_SECS = 1e10  # the run time MetaSchedule records for a failed trial
 
 # Function attributes of a tvm_armq kernel func (schedules.conv2d_gemm.annotate).
 ATTR_OP, ATTR_KERNEL = "tvm_armq.op", "tvm_armq.kernel"
@@ -109,58 +117,20 @@ class Task:
 
 
 def tasks_of_model(model, target) -> list[Task]:
-    """The tuning tasks of a TFLite model: one per distinct conv2d / dense layer.
+    """The tuning tasks of a TFLite model for ``target``: one per distinct conv2d / dense
+    layer, as ``tvm_armq.integrate`` builds them when it compiles the model."""
+    from .integrate import gemm_tasks
 
-    Whole models come from ``tvm_armq.integrate.gemm_tasks``; until that exists, only
-    single-layer models (one CONV_2D or FULLY_CONNECTED, as in the zoo) can be tuned.
-    """
-    try:
-        from .integrate import gemm_tasks
-    except ImportError:
-        gemm_tasks = None
-    if gemm_tasks is not None:
-        return [Task(*t) for t in gemm_tasks(model, build.resolve_target(target))]
-    return _single_layer_tasks(model, target)
-
-
-def _single_layer_tasks(model, target) -> list[Task]:
-    """The task of a model with one conv2d or dense layer, built from the file's values."""
-    from .intrinsics import kernels
-    from .schedules import conv2d_gemm as cg
-    from .tflite_layers import read_layer
-
-    try:
-        layer = read_layer(model)
-    except ValueError as e:
-        raise TuningError(f"{e}: tvm_armq tunes single-layer models until "
-                          "tvm_armq.integrate.gemm_tasks provides a model's layers") from None
-    if layer.op == "FULLY_CONNECTED":
-        rows, k = layer.input_shape
-        shape = cg.Conv2DShape.dense(rows, k, layer.weight.shape[0])
-    elif layer.op == "CONV_2D":
-        b, h, w, c = layer.input_shape
-        _, kh, kw, _ = layer.weight.shape
-        shape = cg.Conv2DShape(b, h, w, c, layer.weight.shape[0], kh, kw,
-                               strides=layer.strides, dilation=layer.dilation,
-                               padding=layer.padding, groups=layer.groups)
-    else:
-        raise TuningError(f"{layer.op}: only conv2d / dense layers (GEMM kernels) are tuned")
-    kernel = kernels.select(build.resolve_target(target), str(layer.weight.dtype),
-                            str(layer.weight.dtype))
-    func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
-                               in_zp=layer.in_zp, out_zp=layer.out_zp,
-                               act_range=layer.act_range)
-    op = {"CONV_2D": "conv2d", "FULLY_CONNECTED": "dense"}[layer.op]
-    return [Task(f"{op}_{kernel.name}", func, kernel)]
+    return [Task(*t) for t in gemm_tasks(model, build.resolve_target(target))]
 
 
 def _workload(func):
     """The IRModule a func is tuned and looked up as: one ``main``, whatever the caller
     named it (the same layer must find its records under any symbol name).
 
-    A deep copy: a ``Schedule`` edits the loops of a func it holds the only reference to in
-    place, and ``with_attr`` hands back the caller's own func when nothing changes, so
-    scheduling without the copy would rewrite the caller's unscheduled func.
+    A deep copy: ``with_attr`` makes a new func that shares the caller's body, and a
+    ``Schedule`` of it was seen to rewrite loops of that shared body in place (TVM 0.27),
+    turning the caller's unscheduled func into a scheduled one.
     """
     import tvm
 
@@ -247,6 +217,9 @@ def _best_record(database, func, target):
     workload = database.commit_workload(mod)  # already there: a lookup, nothing written
     want = _target_key(target)
     for record in database.get_top_k(workload, max(1, len(database))):  # fastest first
+        secs = [float(x) for x in (record.run_secs or [])]
+        if not secs or min(secs) >= FAILED_RUN_SECS:
+            continue
         if record.target is None or _target_key(record.target) == want:
             return record
     return None
@@ -260,12 +233,14 @@ def _target_key(target) -> tuple:
 
 
 def _tiles(trace) -> dict:
-    """The sampled tile decisions of a trace: {knob: inner factor} in sampling order."""
+    """The sampled tile decisions of a trace as {knob: inner factor}. ``sample_conv2d_gemm``
+    draws them in the order of ``SAMPLE_MAX_INNER`` (m_tiles, n_tiles, k_unroll); a trace
+    with another count of draws is shown as the raw [outer, inner] pairs."""
     from .schedules import conv2d_gemm as cg
 
     decisions = [[int(v) for v in trace.decisions[inst]] for inst in trace.insts
                  if inst.kind.name == "SamplePerfectTile" and inst in trace.decisions]
-    knobs = list(getattr(cg, "SAMPLE_MAX_INNER", {}))
+    knobs = list(cg.SAMPLE_MAX_INNER)
     if len(knobs) == len(decisions):
         return {k: d[-1] for k, d in zip(knobs, decisions)}
     return {f"tile{i}": d for i, d in enumerate(decisions)}
@@ -352,7 +327,7 @@ def _runner(endpoint: Endpoint):
 
 
 def _builder():
-    return ms.builder.LocalBuilder(max_workers=min(BATCH, os.cpu_count() or 1),
+    return ms.builder.LocalBuilder(max_workers=os.cpu_count() or 1,
                                    timeout_sec=BUILD_TIMEOUT_S, f_export=_export_aarch64_so,
                                    initializer=_init_worker)
 
@@ -416,11 +391,37 @@ def _device(tracker, level: str | None, target, work: Path):
         return
     level = _level_of(target, level)
     with _local_tracker(work) as (host, port):
-        dev = device.start(level, tracker=f"{host}:{port}", key=f"armq-{level}")
+        dev = _start_emulated(level, f"{host}:{port}", f"armq-{level}")
         try:
             yield dev.endpoint, f"the emulated {level} device (qemu, not real timings)"
         finally:
             dev.stop()
+
+
+def _start_emulated(level: str, tracker: str, key: str):
+    """``device.start`` of an emulated device registered at ``tracker``, within
+    ``DEVICE_START_S``: started in a thread, as its wait for the device can block."""
+    import threading
+
+    from . import device
+
+    result: dict = {}
+
+    def start():
+        try:
+            result["device"] = device.start(level, port=DEVICE_PORT, tracker=tracker, key=key)
+        except Exception as e:  # noqa: BLE001 - handed to the caller
+            result["error"] = e
+
+    thread = threading.Thread(target=start, name=f"start-{level}-device", daemon=True)
+    thread.start()
+    thread.join(DEVICE_START_S)
+    if "error" in result:
+        raise result["error"]
+    if "device" not in result:  # the device thread ends once the tracker is stopped
+        raise TuningError(f"the emulated {level} device did not register at the RPC tracker "
+                          f"{tracker} within {DEVICE_START_S:.0f} s (logs: {device.home()}/run)")
+    return result["device"]
 
 
 def _level_of(target, level: str | None) -> str:
@@ -439,10 +440,11 @@ def _local_tracker(work: Path):
     log = work / "logs" / "rpc_tracker.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     lo, hi = TRACKER_PORTS
-    with open(log, "w") as out:
+    with open(log, "w") as out:  # a session of its own: the tracker forks a worker process
         proc = subprocess.Popen([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host",
                                  "127.0.0.1", "--port", str(lo), "--port-end", str(hi)],
-                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+                                stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
     try:
         deadline = time.monotonic() + TRACKER_START_S
         while True:  # the tracker logs "bind to HOST:PORT" once it listens
@@ -455,13 +457,17 @@ def _local_tracker(work: Path):
                                   f"{log.read_text(errors='replace')[-2000:]}")
             time.sleep(0.2)
         yield "127.0.0.1", int(bound[0].rsplit(":", 1)[1])
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    finally:  # the tracker and the worker it forked
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+            try:
+                proc.wait(10)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):  # the worker may outlive its parent
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
@@ -486,8 +492,8 @@ def _log_to(path: Path):
 
 # ------------------------------------------------------------------ tune
 def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | None = None,
-         progress: bool = True, parallel: bool = True, seed: int | None = None
-         ) -> TuningSummary:
+         progress: bool = True, parallel: bool = True, seed: int | None = None,
+         batch: int = BATCH) -> TuningSummary:
     """Tune ``tasks`` (``Task`` or (name, func, kernel) tuples) for ``target``.
 
     ``trials`` candidates are measured per task, on the device under ``tracker``
@@ -495,14 +501,15 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
     (default: ``target`` when it names a level), started and stopped here. The database
     in ``work_dir`` is created or extended (records of earlier runs seed the search).
     ``parallel`` is how the kernels will run (it follows the deployment, it is not a
-    knob). Returns the summary, also written to ``work_dir/tuning_summary.json``.
+    knob); ``batch`` candidates of a task are built and measured per round. Returns the
+    summary, also written to ``work_dir/tuning_summary.json``.
     """
     started = time.monotonic()
     tasks = [t if isinstance(t, Task) else Task(*t) for t in tasks]
     if not tasks:
         raise TuningError("nothing to tune: the model has no conv2d / dense layer")
-    if trials < 1:
-        raise TuningError(f"trials must be at least 1, got {trials}")
+    if trials < 1 or batch < 1:
+        raise TuningError(f"trials and batch must be at least 1, got {trials} and {batch}")
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise TuningError(f"task names must be unique: {names}")
@@ -514,6 +521,9 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
     else:
         _register_ops()
         database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
+        # the directory is marked as ours from the start, so an interrupted run resumes
+        _write_summary(TuningSummary(str(tgt), "", str(work), 0.0,
+                                     [TaskSummary(t.name, t.kernel.name) for t in tasks]))
 
     from tqdm import tqdm
 
@@ -527,12 +537,12 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
                            space_generator=design_space(t.kernel, tgt, parallel=parallel),
                            search_strategy=ms.search_strategy.EvolutionarySearch(
                                population_size=POPULATION,
-                               init_min_unmeasured=min(POPULATION, 2 * BATCH)),
+                               init_min_unmeasured=min(POPULATION, 2 * batch)),
                            task_name=t.name, rand_state=s,
                            logger=logger.getChild(f"task.{t.name}"))
             for t, s in zip(tasks, seeds)]
         callback = ProgressCallback(names, bar, logger)
-        batch = min(BATCH, trials)
+        batch = min(batch, trials)
         ms.tune_tasks(
             tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=str(work),
             max_trials_global=trials * len(tasks), max_trials_per_task=trials,
@@ -554,8 +564,15 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
             s.best_tiles = _tiles(record.trace)
         summaries.append(s)
     summary = TuningSummary(str(tgt), where, str(work), time.monotonic() - started, summaries)
-    (work / SUMMARY_FILE).write_text(json.dumps(summary.to_json(), indent=1))
+    _write_summary(summary)
     return summary
+
+
+def _write_summary(summary: TuningSummary) -> None:
+    path = Path(summary.work_dir) / SUMMARY_FILE
+    tmp = path.with_suffix(".tmp")  # written whole, then renamed: never half a file
+    tmp.write_text(json.dumps(summary.to_json(), indent=1))
+    tmp.replace(path)
 
 
 # ------------------------------------------------------------------ reading it back

@@ -1,0 +1,265 @@
+"""Autotuning on the emulated device: a small run writes a database whose best schedule is
+bit-exact against TFLite; bad databases and a device that dies are reported, not hung on.
+
+The tuning runs are kept small (a single conv2d model, at most 16 trials): under qemu a
+trial takes seconds, and the times measured rank candidates only by qemu's work.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from tvm_armq import build, tuning
+from tvm_armq.intrinsics import kernels, requant
+from tvm_armq.schedules import conv2d_gemm as cg
+from tvm_armq.tflite_layers import read_layer
+from tvm_armq.tflite_model import TFLiteModel
+
+MODEL = "conv2d_3x3"  # 1x16x16x8 -> 16 channels, 3x3 SAME: M = 256, K = 72, N = 16
+OTHER_MODEL = "conv2d_1x1"  # a layer the database has not seen
+LEVEL = "i8mm"
+TRIALS = tuning.BATCH  # one round: random draws of the design space
+
+
+def tvm_armq(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "tvm_armq", *args], capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, zoo_model):
+    """One run of the command, which starts (and stops) a tracker and the emulated device."""
+    work = tmp_path_factory.mktemp("tuning")
+    res = tvm_armq("tune", zoo_model(MODEL), "--isa", LEVEL, "--trials", str(TRIALS),
+                   "--work-dir", str(work))
+    assert res.returncode == 0, res.stderr[-3000:]
+    return work, res
+
+
+@pytest.mark.device
+def test_tune_writes_database_and_summary(tuned):
+    work, res = tuned
+    summary = tuning.read_summary(work)
+    (task,) = summary.tasks
+    assert (task.trials, task.failed) == (TRIALS, 0), task.errors
+    assert task.kernel == kernels.select(build.resolve_target(LEVEL), "int8", "int8").name
+    assert task.best_us > 0 and set(task.best_tiles) == set(cg.SAMPLE_MAX_INNER)
+    assert "emulated" in summary.device
+    assert task.name in res.stdout and f"{TRIALS} trials (0 failed)" in res.stdout
+    assert "tuning" in res.stderr  # the progress bar
+    database = tuning.load_database(work)
+    assert len(database) == TRIALS
+
+
+@pytest.mark.device
+def test_tuned_schedules_are_bit_exact_against_tflite(tuned, devices, zoo_model, tmp_path,
+                                                     report):
+    """The database's best schedule, and every other candidate measured, built into one
+    module: each still runs the level's micro-kernel and is TFLite's conv to the bit. A
+    layer the database lacks gets None (the caller keeps its default schedule)."""
+    import tvm
+    from tvm import s_tir
+
+    work, _ = tuned
+    target = build.resolve_target(LEVEL)
+    database = tuning.load_database(work)
+    path = zoo_model(MODEL)
+    (task,) = tuning.tasks_of_model(path, target)
+    (other,) = tuning.tasks_of_model(zoo_model(OTHER_MODEL), target)
+    assert tuning.schedule_from_database(database, other.func, target) is None
+
+    funcs = {"best": tuning.schedule_from_database(database, task.func, target)}
+    assert funcs["best"] is not None
+    for i, record in enumerate(database.get_all_tuning_records()):
+        sch = s_tir.Schedule(tuning._workload(task.func))
+        record.trace.apply_to_schedule(sch, remove_postproc=False)
+        funcs[f"candidate{i}"] = sch.mod["main"]
+    for name, func in funcs.items():  # tensorized: the instruction's LLVM intrinsic is in
+        assert task.kernel.instructions[0] in func.script(), f"{name} is not tensorized"
+    ex = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n)
+                                   for n, f in funcs.items()}), target=target)
+    lib = build.export_aarch64(ex, tmp_path / "tuned_conv.so")
+
+    layer = read_layer(path)
+    kernel, groups = task.kernel, layer.groups
+    tile = (kernel.mr, kernel.nr, kernel.kr)
+    w = layer.weight_hwio()
+    mult, shift = requant.quantize_multipliers(layer.real_scales())
+    params = [cg.pack_weights(w, tile, groups), cg.fold_bias(w, layer.bias, layer.in_zp),
+              mult.astype(np.int32), shift.astype(np.int32)]
+
+    model = TFLiteModel.load(path)
+    sess = devices.session(LEVEL)
+    sess.upload(str(lib))
+    rlib = sess.load_module(lib.name)
+    dev = sess.cpu(0)
+    for seed in range(2):
+        x = model.random_inputs(seed=seed)
+        (y,) = model.reference_outputs(x)
+        assert len(np.unique(y)) > 4, "degenerate reference output"
+        args = [tvm.runtime.tensor(a, dev) for a in [x[0]] + params]
+        # the kernel's output is NHWC viewed as [pixels, groups, channels per group]
+        out_shape = (y.size // y.shape[-1], groups, y.shape[-1] // groups)
+        for name in funcs:
+            out = tvm.runtime.tensor(np.zeros(out_shape, np.int8), dev)
+            rlib[name](*args, out)
+            np.testing.assert_array_equal(out.numpy().reshape(y.shape), y,
+                                          err_msg=f"{name} of tuned {MODEL}, seed {seed}")
+    report(f"tuned conv2d_gemm {kernel.name:28s} {LEVEL:8s} {MODEL}: best and "
+           f"{len(funcs) - 1} candidates bit-exact")
+
+
+@pytest.mark.device
+def test_compile_tflite_applies_the_database(tuned, devices, zoo_model, tmp_path):
+    """``compile_tflite(..., tuning_database=DIR)``: the tuned layer says so and the model
+    equals TFLite; a model whose layer the database lacks keeps the default schedule."""
+    import tvm_armq
+
+    work, _ = tuned
+    path = zoo_model(MODEL)
+    layers: list = []
+    ex = tvm_armq.compile_tflite(path, LEVEL, tuning_database=work, report=layers)
+    assert [getattr(r, "tuned", None) for r in layers] == [True], layers
+    other = tvm_armq.inspect(zoo_model(OTHER_MODEL), LEVEL, tuning_database=work)
+    assert [getattr(r, "tuned", None) for r in other] == [False], other
+
+    lib = build.export_aarch64(ex, tmp_path / "tuned_model.so")
+    model = TFLiteModel.load(path)
+    x = model.random_inputs(seed=5)
+    (got,) = build.run_on_device(devices.session(LEVEL), lib, x)
+    np.testing.assert_array_equal(got, model.reference_outputs(x)[0])
+
+
+# ------------------------------------------------------------------ bad databases
+def _foreign_database(work):
+    """A valid MetaSchedule database of a plain (non tvm_armq) PrimFunc."""
+    import tvm
+    from tvm import s_tir, te
+    from tvm.s_tir import meta_schedule as ms
+
+    a = te.placeholder((16,), "float32", "A")
+    b = te.compute((16,), lambda i: a[i] * 2.0, name="B")
+    func = te.create_prim_func([a, b])
+    mod = tvm.IRModule({"main": func})
+    db = ms.database.JSONDatabase(work_dir=str(work))
+    workload = db.commit_workload(mod)
+    db.commit_tuning_record(ms.database.TuningRecord(
+        s_tir.Schedule(mod).trace, workload, [1e-6], tvm.target.Target("llvm"),
+        ms.arg_info.ArgInfo.from_prim_func(func)))
+
+
+def _replace_line(path, text):
+    path.write_text(text + "\n")
+
+
+BAD = {
+    "missing": (lambda d: shutil.rmtree(d), "no such directory"),
+    "not ours": (lambda d: (d / tuning.SUMMARY_FILE).unlink(),
+                 "not a database written by `python -m tvm_armq tune`"),
+    "summary": (lambda d: (d / tuning.SUMMARY_FILE).write_text("[1, 2]"),
+                "not a tvm_armq tuning summary"),
+    "truncated": (lambda d: (d / tuning.DATABASE_FILES[1]).write_text(
+        (d / tuning.DATABASE_FILES[1]).read_text()[:500]),
+        "database_tuning_record.json, line 1: not JSON"),
+    "dangling": (lambda d: _replace_line(d / tuning.DATABASE_FILES[1], "[3, [[], [], {}, []]]"),
+                 "workload index 3 is not in the workload table"),
+    "garbled": (lambda d: _replace_line(d / tuning.DATABASE_FILES[0], '["1", "garbage"]'),
+                "MetaSchedule cannot read its tables"),
+    "incomplete": (lambda d: (d / tuning.DATABASE_FILES[0]).unlink(),
+                   "database_workload.json: missing"),
+    "foreign": (lambda d: ([(d / f).unlink() for f in tuning.DATABASE_FILES],
+                           _foreign_database(d)), "not a tvm_armq kernel"),
+}
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("case", list(BAD))
+def test_bad_database_is_a_clear_error(tuned, tmp_path, case):
+    work, _ = tuned
+    broken = tmp_path / "db"
+    shutil.copytree(work, broken)
+    spoil, says = BAD[case]
+    spoil(broken)
+    with pytest.raises(tuning.TuningDatabaseError) as err:
+        tuning.load_database(broken)
+    assert says in str(err.value)
+    assert str(broken) in str(err.value)  # names the directory or the file at fault
+
+
+@pytest.mark.device
+def test_cli_rejects_a_foreign_work_dir_in_one_line(tuned, tmp_path, zoo_model):
+    work, _ = tuned
+    broken = tmp_path / "db"
+    shutil.copytree(work, broken)
+    (broken / tuning.SUMMARY_FILE).unlink()
+    res = tvm_armq("tune", zoo_model(MODEL), "--trials", "1", "--work-dir", str(broken))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and "not a database written by" in lines[0], res.stderr
+
+
+@pytest.mark.parametrize("args, says", [
+    (["/no/such/model.tflite"], "no such file"),
+    (["--trials", "0"], "--trials must be at least 1"),
+    (["--key", "board"], "give --rpc-tracker too"),
+    (["--rpc-tracker", "192.0.2.7:9190"], "--rpc-tracker needs --key"),
+])
+def test_tune_bad_input_is_one_line_and_exit_2(args, says, tmp_path):
+    from tvm_armq import cli
+
+    model = [] if args[0].endswith(".tflite") else [str(cli.BUNDLED_MODEL)]
+    res = tvm_armq("tune", *model, *args, "--work-dir", str(tmp_path))
+    assert res.returncode == 2
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], res.stderr
+
+
+# ------------------------------------------------------------------ a device that dies
+@pytest.mark.device
+def test_device_dying_mid_tuning_fails_its_trials_and_the_run_ends(tmp_path, zoo_model):
+    """A board registered at a tracker stops after the first round: the second round's
+    trials fail at once (reported), and the run ends with the first round's best."""
+    key = "armq-tuning-test"
+    batch = 2  # rounds of two candidates: the device stops after the first
+    trials = 2 * batch
+    work = tmp_path / "work"
+    work.mkdir()
+    records = work / tuning.DATABASE_FILES[1]
+    (task,) = tuning.tasks_of_model(zoo_model(MODEL), LEVEL)
+    with tuning._local_tracker(work) as (host, port):
+        dev = tuning._start_emulated(LEVEL, f"{host}:{port}", key)
+        stopped = threading.Event()
+
+        def stop_after_first_round():
+            while not stopped.is_set():
+                if records.exists() and len(records.read_text().splitlines()) >= batch:
+                    dev.stop()
+                    stopped.set()
+                time.sleep(0.2)
+
+        watcher = threading.Thread(target=stop_after_first_round, daemon=True)
+        watcher.start()
+        try:
+            summary = tuning.tune([task], LEVEL, work_dir=work, trials=trials, batch=batch,
+                                  tracker=f"{host}:{port}:{key}", progress=False, seed=0)
+        finally:
+            was_stopped = stopped.is_set()
+            stopped.set()
+            watcher.join()
+            dev.stop()
+    assert was_stopped, "the device should have been stopped after the first round"
+    (result,) = summary.tasks
+    assert result.trials == trials
+    assert 1 <= result.failed <= trials - batch, result.errors
+    assert any("no device is registered under key" in e for e in result.errors), result.errors
+    assert result.best_us is not None  # the first round's measurements stand
+    saved = json.loads((work / tuning.SUMMARY_FILE).read_text())
+    assert saved["tasks"][0]["failed"] == result.failed
