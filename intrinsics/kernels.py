@@ -149,12 +149,14 @@ TABLE: tuple[Kernel, ...] = (
     _ref("uint8", "int8", "int32", GEMM_U8S8S32_1X1X1_REF),
     _ref("int8", "uint8", "int32", GEMM_S8U8S32_1X1X1_REF),
     _ref("bfloat16", "bfloat16", "float32", GEMM_BF16BF16F32_1X1X1_REF),
-    # Armv8.0: widening multiply, pairwise accumulate long, pairwise add (neon.py)
+    # Armv8.0: widening multiply, pairwise accumulate long, pairwise add (neon.py). The
+    # block form multiplies the halves of a 16-byte row with smull/smull2; the whole-K
+    # form (impl_k_loop) uses smull on 8-byte halves, so smull2 is not listed.
     Kernel(GEMM_S8S8S32_4X4X16_NEON, 4, 4, 16, "int8", "int8", "int32", "neon",
-           ("has_asimd",), ("smull", "smull2", "sadalp", "addp"), "widening", "neon",
+           ("has_asimd",), ("smull", "sadalp", "addp"), "widening", "neon",
            "smull/smull2 + saddlp/sadalp + addp (Armv8.0)"),
     Kernel(GEMM_U8U8S32_4X4X16_NEON, 4, 4, 16, "uint8", "uint8", "int32", "neon",
-           ("has_asimd",), ("umull", "umull2", "uadalp", "addp"), "widening", "neon",
+           ("has_asimd",), ("umull", "uadalp", "addp"), "widening", "neon",
            "umull/umull2 + uaddlp/uadalp + addp (Armv8.0)"),
     # Armv8.2 dot product, by vector: the drop-in for the neon kernel's 4x4x16 block (dot.py)
     Kernel(GEMM_S8S8S32_4X4X16_DOTPROD, 4, 4, 16, "int8", "int8", "int32", "dotprod",
@@ -360,6 +362,91 @@ def register(kernel: Kernel) -> str:
     return kernel.intrin
 
 
+# ------------------------------------------------------- whole-K intrinsics
+# Some kernels reduce inside the block: the Armv8.0 widening kernel ends every block with
+# a pairwise-add tree that turns per-(row, column) partial-sum vectors into a row of C.
+# Tensorized block by block, that tree runs on every K step. Their modules therefore also
+# offer ``impl_k_loop(kernel, k_blocks)``: the instruction sequence of a whole K loop of
+# ``k_blocks`` blocks, which keeps the partial sums in registers across K and reduces
+# once. Its TensorIntrin is registered per K-block count (``k_loop_name``), on demand.
+
+def has_k_loop(kernel: Kernel) -> bool:
+    """Whether ``kernel``'s module offers a whole-K instruction sequence (``impl_k_loop``)."""
+    if kernel.module is None:
+        return False
+    return hasattr(importlib.import_module(f".{kernel.module}", __package__), "impl_k_loop")
+
+
+def k_loop_name(kernel: Kernel, k_blocks: int) -> str:
+    """The TensorIntrin name of ``kernel`` over a K loop of ``k_blocks`` blocks."""
+    return f"{kernel.name}__k{k_blocks}"
+
+
+def desc_k_loop(kernel: Kernel, k_blocks: int):
+    """The scalar reference of ``kernel`` over a whole K loop: A and B are ``k_blocks``
+    consecutive packed blocks, C[i, j] += sum over kb, k of A[kb, i, k] * B[kb, j, k]."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    a_dt, b_dt, c_dt = kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype
+
+    @T.prim_func(s_tir=True)
+    def gemm_k_loop(a: T.handle, b: T.handle, c: T.handle):
+        A = T.match_buffer(a, (k_blocks, mr, kr), a_dt, offset_factor=1)
+        B = T.match_buffer(b, (k_blocks, nr, kr), b_dt, offset_factor=1)
+        ldc = T.int32()
+        C = T.match_buffer(c, (mr, nr), c_dt, offset_factor=1, strides=[ldc, 1])
+        with T.sblock("root"):
+            T.reads(C[0:mr, 0:nr], A[0:k_blocks, 0:mr, 0:kr], B[0:k_blocks, 0:nr, 0:kr])
+            T.writes(C[0:mr, 0:nr])
+            for kb, i, j, k in T.grid(k_blocks, mr, nr, kr):
+                with T.sblock("update"):  # block iters in the GEMM block's order
+                    vi, vj, vb, vk = T.axis.remap("SSRR", [i, j, kb, k])
+                    C[vi, vj] = C[vi, vj] + (T.Cast(c_dt, A[vb, vi, vk])
+                                             * T.Cast(c_dt, B[vb, vj, vk]))
+
+    return gemm_k_loop
+
+
+def build_impl_k_loop(kernel: Kernel, k_blocks: int, emit):
+    """An impl PrimFunc with the signature of ``desc_k_loop(kernel, k_blocks)``;
+    ``emit(A, B, C)`` adds the instruction sequence."""
+    from tvm.script import tirx as T
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    with IRBuilder() as ib:
+        with ir_prim_func():
+            T.func_name(k_loop_name(kernel, k_blocks))
+            a = T.arg("a", T.handle())
+            b = T.arg("b", T.handle())
+            c = T.arg("c", T.handle())
+            A = T.match_buffer(a, (k_blocks, mr, kr), kernel.a_dtype, offset_factor=1)
+            B = T.match_buffer(b, (k_blocks, nr, kr), kernel.b_dtype, offset_factor=1)
+            C = T.match_buffer(c, (mr, nr), kernel.acc_dtype, offset_factor=1,
+                               strides=[T.int32(), 1])
+            with T.sblock("root"):
+                T.reads(C[0:mr, 0:nr], A[0:k_blocks, 0:mr, 0:kr], B[0:k_blocks, 0:nr, 0:kr])
+                T.writes(C[0:mr, 0:nr])
+                emit(A, B, C)
+    return ib.get()
+
+
+def register_k_loop(kernel: Kernel, k_blocks: int) -> str:
+    """Register ``kernel``'s whole-K TensorIntrin for ``k_blocks`` blocks (once); its name."""
+    from tvm.s_tir import TensorIntrin
+
+    if not has_k_loop(kernel):
+        raise ValueError(f"{kernel.name} has no whole-K instruction sequence (impl_k_loop)")
+    name = k_loop_name(kernel, k_blocks)
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        module = importlib.import_module(f".{kernel.module}", __package__)
+        TensorIntrin.register(name, desc_k_loop(kernel, k_blocks),
+                              module.impl_k_loop(kernel, k_blocks))
+    return name
+
+
 def register_all() -> list[str]:
     """Register the TensorIntrin of every tensorizable kernel in ``TABLE``."""
     return [register(k) for k in TABLE if k.intrin is not None]
@@ -383,13 +470,15 @@ def _ir_serialization_works() -> bool:
     return res.returncode == 0
 
 
-def tensorize(sch, loop, kernel: Kernel, target) -> None:
+def tensorize(sch, loop, kernel: Kernel, target, *, k_blocks: int | None = None) -> None:
     """Tensorize the block loop nest under ``loop`` with ``kernel`` for ``target``.
 
     ``loop`` is the outermost of the (mr, nr, kr) loops of a block computing
     ``C[.., ..] += acc(A_packed[.., .., i, k]) * acc(B_packed[.., .., j, k])`` without an
-    init (``decompose_reduction`` first). Raises ``MissingTargetFeature`` when the target
-    cannot run the kernel, before anything reaches LLVM.
+    init (``decompose_reduction`` first). With ``k_blocks``, ``loop`` is instead the K-block
+    loop of extent ``k_blocks`` right above them (kb, i, j, k) and the whole-K intrinsic
+    is used (``has_k_loop``). Raises ``MissingTargetFeature`` when the target cannot run
+    the kernel, before anything reaches LLVM.
     """
     require(kernel, target)
     if kernel.intrin is None:
@@ -406,4 +495,5 @@ def tensorize(sch, loop, kernel: Kernel, target) -> None:
             f"(tvm.ir.save_json, which tensorize uses to copy the intrinsic) segfaults with "
             f"apache-tvm-ffi {ffi} under apache-tvm 0.27.0.post1. Install a matching FFI: "
             f"pip install 'apache-tvm-ffi<0.1.15' (0.1.14.post1 works)")
-    sch.tensorize(loop, register(kernel))
+    sch.tensorize(loop, register(kernel) if k_blocks is None
+                  else register_k_loop(kernel, k_blocks))

@@ -96,24 +96,38 @@ def impl(kernel: Kernel):
     row_vec = f"{kernel.acc_dtype}x{nr}"
     bf16 = kernel.a_dtype == "bfloat16"
 
+    def mmla(acc, va, vb):
+        if bf16:
+            return T.bind(tirx.call_pure_extern(acc_vec, BFMMLA_SHIM, acc, va, vb))
+        return T.bind(tirx.call_llvm_pure_intrin(acc_vec, LLVM_INTRINSIC[kernel.name], acc,
+                                                 va, vb))
+
     def emit(A, B, C):
         if bf16:  # read bf16 blocks as their bits (see BFMMLA_SHIM above)
             A = T.decl_buffer(A.shape, "uint16", data=A.data, elem_offset=A.elem_offset)
             B = T.decl_buffer(B.shape, "uint16", data=B.data, elem_offset=B.elem_offset)
         va = A.vload([0, 0], f"{A.dtype}x{ab_lanes}")
         vb = B.vload([0, 0], f"{B.dtype}x{ab_lanes}")
-        rows = [C.vload([i, 0], row_vec) for i in range(mr)]
-        acc = tirx.Shuffle(rows, list(range(c_lanes)))
-        if bf16:
-            scope = T.attr(0, "pragma_import_llvm", StringImm(BFMMLA_SHIM_IR))
-            value = tirx.call_pure_extern(acc_vec, BFMMLA_SHIM, acc, va, vb)
-        else:
-            scope = contextlib.nullcontext()
-            value = tirx.call_llvm_pure_intrin(acc_vec, LLVM_INTRINSIC[kernel.name], acc, va, vb)
+        # bf16: the shim's IR is linked in by an attribute around every use of it
+        scope = (T.attr(0, "pragma_import_llvm", StringImm(BFMMLA_SHIM_IR)) if bf16
+                 else contextlib.nullcontext())
+        # The row stride of C is known once the block is tensorized, so one of these two
+        # branches folds away. A contiguous 2x2 window (the GEMM schedule's accumulator
+        # tile) is exactly the register's lane order: one 128-bit load and one store, and
+        # LLVM keeps it in a register across the K loop. Any other window is gathered
+        # from and scattered to its two rows.
         with scope:
-            res = T.bind(value)
-            for i in range(mr):
-                T.buffer_store(C, tirx.Shuffle([res], list(range(i * nr, (i + 1) * nr))),
-                               [i, tirx.Ramp(0, 1, nr)])
+            with T.If(C.strides[0] == nr):
+                with T.Then():
+                    flat = T.decl_buffer((c_lanes,), C.dtype, data=C.data,
+                                         elem_offset=C.elem_offset)
+                    res = mmla(flat.vload([0], acc_vec), va, vb)
+                    T.buffer_store(flat, res, [tirx.Ramp(0, 1, c_lanes)])
+                with T.Else():
+                    rows = [C.vload([i, 0], row_vec) for i in range(mr)]
+                    res = mmla(tirx.Shuffle(rows, list(range(c_lanes))), va, vb)
+                    for i in range(mr):
+                        T.buffer_store(C, tirx.Shuffle([res], list(range(i * nr, (i + 1) * nr))),
+                                       [i, tirx.Ramp(0, 1, nr)])
 
     return kernels.build_impl(kernel, emit)

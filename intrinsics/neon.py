@@ -86,3 +86,67 @@ def impl(kernel: Kernel):
                            [i, tirx.Ramp(0, 1, nr)])
 
     return kernels.build_impl(kernel, emit)
+
+
+def impl_k_loop(kernel: Kernel, k_blocks: int):
+    """The Armv8.0 kernel over a whole K loop of ``k_blocks`` blocks (``kernels.desc_k_loop``).
+
+    The 16 partial-sum vectors S_ij (one int32x4 per row i and column j of C) stay in
+    registers across K: each K step is only the 32 widening multiplies and 32 pairwise
+    accumulates (smull, smull2, sadalp, sadalp per pair), and the addp tree that turns
+    them into rows of C runs once, after the loop:
+
+        S_ij = 0
+        for kb < k_blocks:   S_ij += saddlp(A[kb, i, 0:8] * B[kb, j, 0:8])      (sadalp)
+                             S_ij += saddlp(A[kb, i, 8:16] * B[kb, j, 8:16])    (sadalp)
+        C[i, 0:4] += addp(addp(S_i0, S_i1), addp(S_i2, S_i3))
+    """
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    if kernel not in KERNELS:
+        raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
+    kernels.check_shape(kernel, _LANES, _LANES, 2 * _HALF)
+    mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    half = f"{kernel.a_dtype}x{_HALF}"
+    acc = f"int32x{_LANES}"
+    products = f"{prod_dtype}x{_HALF}"
+
+    def emit(A, B, C):
+        # S_ij lives at lanes [(i * nr + j) * 4, +4); constant indices only, so LLVM
+        # promotes the whole buffer to registers.
+        partial = T.alloc_buffer((mr * nr * _LANES,), "int32", scope="local")
+
+        def lanes(i, j):
+            return tirx.Ramp((i * nr + j) * _LANES, 1, _LANES)
+
+        for i in range(mr):
+            for j in range(nr):
+                T.buffer_store(partial, tirx.Broadcast(tirx.const(0, "int32"), _LANES),
+                               [lanes(i, j)])
+        # One loop step per 8-byte half of a block: S_ij += saddlp(smull(half, half)) is
+        # one smull and one sadalp. Written per block (lo and hi halves in one expression)
+        # LLVM's reassociation would first add the two saddlp results together and then
+        # add that to S: three instructions instead of two. The half loop is unrolled only
+        # after that pass has run.
+        with T.serial(k_blocks) as kb:
+            with T.serial(2) as h:
+                a_half = [T.bind(A.vload([kb, i, h * _HALF], half)) for i in range(mr)]
+                b_half = [T.bind(B.vload([kb, j, h * _HALF], half)) for j in range(nr)]
+                for i in range(mr):
+                    for j in range(nr):
+                        prod = tirx.call_llvm_pure_intrin(products, mull, a_half[i], b_half[j])
+                        s_ij = partial.vload([(i * nr + j) * _LANES], acc)
+                        T.buffer_store(partial,
+                                       s_ij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
+                                       [lanes(i, j)])
+        for i in range(mr):
+            s = [partial.vload([(i * nr + j) * _LANES], acc) for j in range(nr)]
+            pairs = [tirx.call_llvm_pure_intrin(acc, ADDP, s[j], s[j + 1])
+                     for j in range(0, nr, 2)]
+            row = tirx.call_llvm_pure_intrin(acc, ADDP, *pairs)
+            T.buffer_store(C, C.vload([i, 0], f"{kernel.acc_dtype}x{nr}") + row,
+                           [i, tirx.Ramp(0, 1, nr)])
+
+    return kernels.build_impl_k_loop(kernel, k_blocks, emit)

@@ -14,8 +14,9 @@ each block is contiguous:
     A_packed[M/mr, K/kr, mr, kr]    built per inference (im2col fused with packing)
     B_packed[N/nr, K/kr, nr, kr]    built once, at compile time (``pack_weights``)
 
-M and K are padded up to the block with zeros; zeros in the K padding of both
-operands add nothing, and the extra M rows are computed and never stored.
+K is padded up to the block with zeros; zeros in the K padding of both operands add
+nothing. M is padded up to the block with copies of the last row of A: the extra rows
+are computed and never stored.
 
 Zero points: TFLite computes sum_k (a - zp_a) * w + bias. With w symmetric this
 is sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of
@@ -40,9 +41,6 @@ import dataclasses
 import numpy as np
 
 from .window import Window2D
-
-NEON_INT32_LANES = 4  # int32 lanes of one 128-bit NEON register
-
 
 @dataclasses.dataclass(frozen=True)
 class Conv2DShape(Window2D):
@@ -119,16 +117,81 @@ def pack_weights(weight_hwio: np.ndarray, mr_nr_kr, groups: int = 1) -> np.ndarr
         b.reshape(groups, -1, nr, b.shape[2] // kr, kr).transpose(0, 1, 3, 2, 4))
 
 
-def fold_bias(weight_hwio: np.ndarray, bias: np.ndarray, in_zp: int) -> np.ndarray:
-    """bias - zp_a * sum_k W[k, n]: the layer's constant terms, one int32 per output channel."""
-    wsum = weight_hwio.astype(np.int64).reshape(-1, weight_hwio.shape[-1]).sum(axis=0)
+def fold_bias(weight_hwio: np.ndarray, bias: np.ndarray, in_zp: int,
+              w_zp: int = 0) -> np.ndarray:
+    """bias - zp_a * sum_k (W[k, n] - zp_w): the layer's constant terms, one int32 per output
+    channel (= bias - zp_a * sum_k W + K * zp_a * zp_w; symmetric weights have zp_w = 0)."""
+    wsum = (weight_hwio.astype(np.int64) - w_zp).reshape(-1, weight_hwio.shape[-1]).sum(axis=0)
     folded = np.asarray(bias, np.int64) - in_zp * wsum
     assert np.abs(folded).max(initial=0) < 2 ** 31
     return folded.astype(np.int32)
 
 
+def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None):
+    """The ``A_packed`` stage: im2col of NHWC ``data`` fused with packing, as a TE tensor
+    A_packed[groups, M/mr, K/kr, mr, kr] (layout in the module docstring).
+
+    ``pad_value`` (a TIR constant of data's dtype) is what a padded input pixel holds;
+    ``convert`` (optional) maps every element read, padding included, to the packed dtype
+    (the bf16 path rounds fp32 to bf16 here). The K padding of the blocks is zero. The M
+    padding rows repeat the last pixel's row: they are computed and never stored, so
+    their content is free, and a copy (unlike a zero) needs no per-row test in the
+    packing loop.
+    """
+    from tvm import te, tirx
+
+    mr, _, kr = mr_nr_kr
+    s, G = shape, shape.groups
+    m_total, k_total = s.gemm_m, s.gemm_k
+    mb, kb = _ceil_div(m_total, mr), _ceil_div(k_total, kr)
+    pt, pl, _, _ = s.padding
+    (sh, sw), (dh, dw) = s.strides, s.dilation
+    ohw, cg = s.out_h * s.out_w, s.group_in_c
+    cvt = convert if convert is not None else (lambda v: v)
+    zero = tirx.const(0, cvt(pad_value).ty.dtype)
+
+    def a_element(g, bm, bk, i, j):
+        m, k = tirx.min(bm * mr + i, m_total - 1), bk * kr + j
+        in_range = k < k_total
+        # 1x1 stride-1 convolutions keep this pack (a plain interleaving copy, no im2col
+        # gather) rather than reading the input in the K loop: every micro-kernel wants
+        # several pixels' channels interleaved in one register (smmla: 2 pixels x 8
+        # bytes; by-element sdot: 4 pixels x 4 bytes), so a copy-free K loop would
+        # rebuild each A block from 2-4 loads and a lane-combining instruction once per
+        # macro-tile column (N / (n_tiles * nr) times) where the pack does it once; in
+        # armperf's figures the pack is under 1% of even the smallest-K layer (v2.b1.expand).
+        if s.is_pointwise:  # the pixel is the output pixel: a plain interleaving copy
+            return tirx.if_then_else(in_range, cvt(data[m // ohw, (m % ohw) // s.out_w,
+                                                        m % s.out_w, g * cg + k]), zero)
+        b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
+        ky, kx, c = k // (s.kw * cg), (k // cg) % s.kw, k % cg
+        ih, iw = oh * sh - pt + ky * dh, ow * sw - pl + kx * dw
+        inside = tirx.all(ih >= 0, ih < s.in_h, iw >= 0, iw < s.in_w)
+        pixel = tirx.if_then_else(inside, data[b, ih, iw, g * cg + c], pad_value)
+        return tirx.if_then_else(in_range, cvt(pixel), zero)
+
+    return te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
+
+
+def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
+    """The ``gemm`` stage: gemm[g, M/mr, N/nr, mr, nr] = sum over K of
+    acc(A_packed[g, bm, kb, i, kk]) * acc(B_packed[g, bn, kb, j, kk]), the micro-kernel's
+    block pattern (``kernels.desc``) once per (bm, bn)."""
+    from tvm import te
+
+    G, mb, kb, mr, kr = (int(d) for d in a_packed.shape)
+    nb, nr = int(b_packed.shape[1]), int(b_packed.shape[3])
+    rb, rk = te.reduce_axis((0, kb), "kb"), te.reduce_axis((0, kr), "kk")
+    return te.compute(
+        (G, mb, nb, mr, nr),
+        lambda g, bm, bn, i, j: te.sum(a_packed[g, bm, rb, i, rk].astype(acc_dtype)
+                                       * b_packed[g, bn, rb, j, rk].astype(acc_dtype),
+                                       axis=[rb, rk]),
+        name="gemm")
+
+
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
-                   in_zp: int, out_zp: int, act_range: tuple[int, int]):
+                   in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0):
     """TE tensors of the conv2d GEMM: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
@@ -136,6 +199,12 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     [batch * out_h * out_w, groups, out_c / groups] (same bytes; the flat pixel index
     keeps the tile arithmetic m // mr, m % mr simple for the scheduler).
     Stages, by name: ``A_packed`` (im2col + pack), ``gemm`` (int32 blocks), ``output``.
+
+    Asymmetric weights (``w_zp`` != 0: legacy uint8 models): sum_k (a - zp_a)(w - zp_w)
+    also needs -zp_w * sum_k a per output pixel. One more input, ``row_sum`` [batch *
+    out_h * out_w, groups] int32 (each pixel's im2col row summed per group, padding as
+    zp_a: ``conv2d_u8.row_sums_func``), comes last before the output, and the epilogue
+    adds -w_zp * row_sum; ``fold_bias(..., w_zp=w_zp)`` folds the constant terms.
     """
     from tvm import te, tirx
 
@@ -144,57 +213,60 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     mr, nr, kr = mr_nr_kr
     s, G = shape, shape.groups
     m_total, k_total, n_group = s.gemm_m, s.gemm_k, s.gemm_n
-    mb, kb, nb = _ceil_div(m_total, mr), _ceil_div(k_total, kr), _ceil_div(n_group, nr)
-    pt, pl, _, _ = s.padding
-    (sh, sw), (dh, dw) = s.strides, s.dilation
-    ohw, cg = s.out_h * s.out_w, s.group_in_c
+    kb, nb = _ceil_div(k_total, kr), _ceil_div(n_group, nr)
 
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), in_dtype, "data")
     b_packed = te.placeholder((G, nb, kb, nr, kr), in_dtype, "B_packed")
     bias = te.placeholder((s.out_c,), "int32", "bias_folded")
     mult = te.placeholder((s.out_c,), "int32", "multiplier")
     shift = te.placeholder((s.out_c,), "int32", "shift")
-    zero = tirx.const(0, in_dtype)
+    row_sum = te.placeholder((m_total, G), "int32", "row_sum") if w_zp else None
 
-    def a_element(g, bm, bk, i, j):
-        m, k = bm * mr + i, bk * kr + j
-        in_range = tirx.all(m < m_total, k < k_total)
-        if s.is_pointwise:  # the pixel is the output pixel: a plain interleaving copy
-            return tirx.if_then_else(in_range, data[m // ohw, (m % ohw) // s.out_w,
-                                                    m % s.out_w, g * cg + k], zero)
-        b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
-        ky, kx, c = k // (s.kw * cg), (k // cg) % s.kw, k % cg
-        ih, iw = oh * sh - pt + ky * dh, ow * sw - pl + kx * dw
-        inside = tirx.all(ih >= 0, ih < s.in_h, iw >= 0, iw < s.in_w)
-        pixel = tirx.if_then_else(inside, data[b, ih, iw, g * cg + c],
-                                  tirx.const(in_zp, in_dtype))
-        return tirx.if_then_else(in_range, pixel, zero)
-
-    a_packed = te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
-    rb, rk = te.reduce_axis((0, kb), "kb"), te.reduce_axis((0, kr), "kk")
-    acc = te.compute(
-        (G, mb, nb, mr, nr),
-        lambda g, bm, bn, i, j: te.sum(a_packed[g, bm, rb, i, rk].astype("int32")
-                                       * b_packed[g, bn, rb, j, rk].astype("int32"),
-                                       axis=[rb, rk]),
-        name="gemm")
+    a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(in_zp, in_dtype))
+    acc = packed_gemm_te(a_packed, b_packed, "int32")
     lo, hi = act_range
 
     def out_element(m, g, n):
         c = g * n_group + n
-        x = acc[g, m // mr, n // nr, m % mr, n % nr] + bias[c]
+        x = acc[g, m // mr, n // nr, m % mr, n % nr]
+        if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
+            x = x - row_sum[m, g] * w_zp
+        x = x + bias[c]
         r = qmuls(x, mult[c].asobject(), 31, shift[c].asobject()) + out_zp
         return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
 
     out = te.compute((m_total, G, n_group), out_element, name="output")
-    return data, b_packed, bias, mult, shift, out
+    inputs = (data, b_packed, bias, mult, shift) + ((row_sum,) if w_zp else ())
+    return (*inputs, out)
 
 
-def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, **quant):
-    """The conv2d as one TIR PrimFunc, unscheduled (stages as in ``conv2d_gemm_te``)."""
+def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, *, kernel=None, **quant):
+    """The conv2d as one TIR PrimFunc, unscheduled (stages as in ``conv2d_gemm_te``).
+
+    With ``kernel`` (a record of ``tvm_armq.intrinsics.kernels`` whose block is
+    ``mr_nr_kr``) the func carries the attributes of ``annotate``.
+    """
     from tvm import te
 
-    return te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, **quant)))
+    func = te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, **quant)))
+    return func if kernel is None else annotate(func, kernel)
+
+
+# Function attributes that mark a PrimFunc as an unscheduled conv2d GEMM (for tuners).
+ATTR_OP, ATTR_KERNEL = "tvm_armq.op", "tvm_armq.kernel"
+OP_NAME = "conv2d_gemm"
+
+
+def annotate(func, kernel):
+    """``func`` (from ``conv2d_gemm_func``) with attributes a tuner recognises it by:
+    ``{"tvm_armq.op": "conv2d_gemm", "tvm_armq.kernel": kernel.name}``; the kernel record
+    is ``kernels.get(func.attrs["tvm_armq.kernel"])``. Checks the func's packed B has the
+    kernel's (nr, kr) block."""
+    b_block = tuple(int(d) for d in func.params[1].shape[-2:])  # B_packed[..., nr, kr]
+    if b_block != (kernel.nr, kernel.kr):
+        raise ValueError(f"conv2d_gemm: the func packs B in {b_block[0]}x{b_block[1]} blocks, "
+                         f"kernel {kernel.name} takes {kernel.nr}x{kernel.kr}")
+    return func.with_attrs({ATTR_OP: OP_NAME, ATTR_KERNEL: kernel.name})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +276,9 @@ class GemmKnobs:
     ``m_tiles`` x ``n_tiles`` micro-tiles form one macro tile, whose accumulators stay live
     across the whole K loop (more tiles: more reuse of each loaded A and B block, more
     registers); ``k_unroll`` unrolls that many K blocks; ``parallel`` runs macro-tile rows
-    on threads; ``vector_epilogue`` vectorizes the requantization over ``epilogue_lanes``
-    output channels.
+    on threads; ``vector_epilogue`` vectorizes the requantization over the macro tile's
+    ``n_tiles * nr`` output channels of a pixel (one contiguous store per output row).
+    ``default_knobs`` picks good values for a layer and kernel.
     """
 
     m_tiles: int = 1
@@ -213,70 +286,231 @@ class GemmKnobs:
     k_unroll: int = 1
     parallel: bool = True
     vector_epilogue: bool = True
-    epilogue_lanes: int = NEON_INT32_LANES
+
+
+# The register file default_knobs plans with: 32 128-bit NEON registers, a few of which
+# stay free for the loop's temporaries (products before they are accumulated, addresses
+# spilled into vectors by LLVM, the epilogue's constants).
+NEON_REGISTERS = 32
+SCRATCH_REGISTERS = 4
+# Widest macro tile row default_knobs aims for: 16 int8 outputs are one 128-bit store.
+STORE_CHANNELS = 16
+MAX_TILES = 8  # per direction; beyond this the loop body only grows
+EPILOGUE_LANES = 4  # int32 lanes of one NEON register: the requantization's vector width
+# Registers the requantization keeps live per EPILOGUE_LANES output channels (bias,
+# multiplier, and the left and right shifts derived from shift), and for the whole tile
+# (the activation bounds, the output zero point, a narrowing shuffle's index).
+EPILOGUE_CHANNEL_REGISTERS = 4
+EPILOGUE_FIXED_REGISTERS = 4
+
+
+def _registers(kernel, m_tiles: int, n_tiles: int) -> tuple[int, int]:
+    """NEON registers the K loop of an m_tiles x n_tiles macro tile keeps live, as
+    (accumulators, operands): one K step's A and B blocks are the operands (a 128-bit
+    register holds 16 bytes, so this is also the number of loads). Kernels that reduce
+    inside the block (``form`` widening / by_vector: a pairwise-add tree per row of C)
+    keep mr x nr partial-sum vectors per micro-tile. A kernel tensorized over the whole
+    K loop (``kernels.has_k_loop``) runs one K loop per micro-tile: one micro-tile's
+    worth is live whatever the macro tile."""
+    from tvm_armq.intrinsics import kernels
+
+    lanes = 16 // 4  # int32 accumulator lanes of a register
+    if kernel.form in ("widening", "by_vector"):
+        acc = kernel.mr * kernel.nr  # one int32x4 of partial sums per (row, column)
+    else:
+        acc = -(-kernel.mr * kernel.nr // lanes)
+    if kernels.has_k_loop(kernel):
+        m_tiles = n_tiles = 1
+    a_regs, b_regs = -(-kernel.mr * kernel.kr // 16), -(-kernel.nr * kernel.kr // 16)
+    return acc * m_tiles * n_tiles, a_regs * m_tiles + b_regs * n_tiles
+
+
+def _epilogue_registers(kernel, m_tiles: int, n_tiles: int) -> int:
+    """NEON registers the epilogue of an m_tiles x n_tiles macro tile keeps live: the
+    tile's int32 results and the per-channel and fixed requantization operands."""
+    results = m_tiles * n_tiles * -(-kernel.mr * kernel.nr // EPILOGUE_LANES)
+    channels = -(-n_tiles * kernel.nr // EPILOGUE_LANES)
+    return results + EPILOGUE_CHANNEL_REGISTERS * channels + EPILOGUE_FIXED_REGISTERS
+
+
+def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmKnobs:
+    """Good knobs for ``shape`` with micro-kernel ``kernel`` (any ISA level).
+
+    Among macro tiles whose tile counts divide the layer's block counts (so no ragged
+    tile) and whose K loop fits the register file (``_registers``), rank by, in order:
+    output rows of whole int32x4 registers (``EPILOGUE_LANES``; else the requantization
+    is scalar); an epilogue that fits the register file (``_epilogue_registers``; a
+    spilling epilogue costs more than any K loop saves on the MobileNet layers: measured
+    with scripts/bench_layers.py, e.g. 2x4 beats 2x8 smmla tiles from K = 16 to K = 96
+    and ties at K = 512); the most multiply-accumulate instructions per load in a K step
+    (loads stop mattering once there are fewer loads than MAC instructions); the widest
+    power-of-two output row up to ``STORE_CHANNELS`` (whole stores); the fewest live
+    epilogue registers. K is unrolled by 2 when the K blocks allow. The scalar
+    reference kernel gets 1 x 1 tiles.
+    """
+    mb = _ceil_div(shape.gemm_m, kernel.mr)
+    nb = _ceil_div(shape.gemm_n, kernel.nr)
+    kb = _ceil_div(shape.gemm_k, kernel.kr)
+    if kernel.intrin is None:
+        return GemmKnobs(parallel=parallel)
+    # MAC instructions of one micro-tile's K step: one per row of C for the by-element
+    # dot product, one per (row, column) pair for the widening / by-vector kernels
+    # (two for widening: smull and smull2), one for a matrix instruction.
+    per_tile = {"by_element": kernel.mr, "matrix": 1, "widening": 2 * kernel.mr * kernel.nr,
+                "by_vector": kernel.mr * kernel.nr}[kernel.form]
+    budget = NEON_REGISTERS - SCRATCH_REGISTERS
+    best, best_score = (1, 1), None
+    for mt in (d for d in range(1, min(mb, MAX_TILES) + 1) if mb % d == 0):
+        for nt in (d for d in range(1, min(nb, MAX_TILES) + 1) if nb % d == 0):
+            acc, loads = _registers(kernel, mt, nt)
+            if (mt, nt) != (1, 1) and acc + loads > budget:
+                continue
+            macs = per_tile * mt * nt
+            loads += 1  # the loop's own step
+            # The requantization runs on whole int32x4 registers: an output row of
+            # n_tiles * nr channels that is no multiple of 4 falls back to scalar code.
+            width = nt * kernel.nr
+            whole_vectors = width % EPILOGUE_LANES == 0
+            epilogue = _epilogue_registers(kernel, mt, nt)
+            store = min(width & -width, STORE_CHANNELS)  # largest power of two dividing it
+            score = (whole_vectors, epilogue <= NEON_REGISTERS, macs / max(macs, loads),
+                     store, -epilogue)
+            if best_score is None or score > best_score:
+                best, best_score = (mt, nt), score
+    return GemmKnobs(m_tiles=best[0], n_tiles=best[1], k_unroll=2 if kb % 2 == 0 else 1,
+                     parallel=parallel)
 
 
 def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs()):
     """Schedule ``conv2d_gemm_func``: GEMM tiles computed where the epilogue consumes them.
 
-    Loop nest of the result, per group g and macro tile (mo, no) of
+    Loop nest of the result, per group g and macro tile (no, mo) of
     (m_tiles * mr) x (n_tiles * nr) outputs:
 
-        for mo (parallel):                    A_packed is built up front, rows in parallel
-          for no:
+        for no (parallel):                    A_packed is built up front, rows in parallel
+          for mo:                             (per-channel epilogue operands hoisted here)
             acc[m_tiles, n_tiles, mr, nr] = 0      one macro tile, never a layer-sized tensor
             for kb in K/kr (unrolled by k_unroll):
               for ti < m_tiles, tj < n_tiles (unrolled):
                 acc[ti, tj] += A_packed[mo, ti, kb] . B_packed[no, tj, kb]^T   <- micro-kernel
-            for each output of the tile: output = epilogue(acc)   (vectorized over nr)
+            for each output row of the tile (unrolled):
+              output[row, n_tiles * nr channels] = epilogue(acc)   (one vector)
+
+    A kernel with a whole-K form (``kernels.has_k_loop``: neon's smull/sadalp) is
+    tensorized over the kb loop instead, one K loop per micro-tile (k_unroll unused).
+    ``default_knobs`` gives good knobs for a layer.
 
     ``kernel`` is a record of ``tvm_armq.intrinsics.kernels`` whose (mr, nr, kr) the func
     was built with; a reference kernel keeps scalar loops, any other is tensorized for
     ``target`` (``MissingTargetFeature`` if the target lacks its instruction).
+    ``sample_conv2d_gemm`` is the same schedule with every knob sampled.
     """
     from tvm import s_tir
 
+    sch = s_tir.Schedule(func)
+    wants = {"m_tiles": knobs.m_tiles, "n_tiles": knobs.n_tiles, "k_unroll": knobs.k_unroll}
+
+    def fixed_tile(loop, knob):
+        # Knobs must divide the block counts: a ragged split puts a predicate on the block,
+        # which the micro-kernel's pattern does not match. Each is cut to the largest
+        # divisor not above it (the autotuner samples perfect tiles in the first place).
+        return [None, _largest_divisor(sch.get(loop).extent.value, wants[knob])]
+
+    _schedule_body(sch, kernel, target, fixed_tile, parallel=knobs.parallel,
+                   vector_epilogue=knobs.vector_epilogue)
+    return sch.mod["main"]
+
+
+# Largest inner factor ``sample_conv2d_gemm`` draws per knob: beyond these a macro tile's
+# accumulators no longer fit the 32 NEON registers, and unrolling K further only grows code.
+SAMPLE_MAX_INNER = {"m_tiles": 4, "n_tiles": 4, "k_unroll": 4}
+
+
+def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
+    """``schedule_conv2d_gemm`` as a MetaSchedule design space, in place on ``sch``.
+
+    ``sch`` (a ``tvm.s_tir.Schedule``) holds the unscheduled PrimFunc of
+    ``conv2d_gemm_func`` built with ``kernel``'s (mr, nr, kr). The loop nest is exactly the
+    one ``schedule_conv2d_gemm`` makes; each of m_tiles, n_tiles and k_unroll is drawn by
+    ``sch.sample_perfect_tile`` (2 factors, inner at most ``SAMPLE_MAX_INNER``) and the
+    random variables feed the splits directly, so replaying or mutating the trace changes
+    the tiles and every candidate stays tensorized. (A kernel tensorized over the whole K
+    loop, ``kernels.has_k_loop`` with more than one K block, has no k_unroll: two
+    samples.) ``parallel`` is a fixed choice (it follows how the module will be run, not a
+    tunable). Usable as the schedule function of
+    ``tvm.s_tir.meta_schedule.space_generator.ScheduleFn``.
+    """
+
+    if kernel.intrin is None:
+        raise ValueError(f"sample_conv2d_gemm: {kernel.name} is the scalar reference; the "
+                         "design space is for tensorized micro-kernels")
+
+    def sampled_tile(loop, knob):
+        return list(sch.sample_perfect_tile(loop, n=2,
+                                            max_innermost_factor=SAMPLE_MAX_INNER[knob]))
+
+    _schedule_body(sch, kernel, target, sampled_tile, parallel=parallel, vector_epilogue=True)
+
+
+def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue: bool) -> None:
+    """The one schedule of ``schedule_conv2d_gemm`` and ``sample_conv2d_gemm``.
+
+    ``tile(loop, knob)`` gives the [outer, inner] split factors of ``loop`` for ``knob``
+    ("m_tiles", "n_tiles" or "k_unroll"): ints, or sampled random variables. Nothing
+    below branches on a factor's value, so a trace of it replays for any decision.
+    """
     from tvm_armq.intrinsics import kernels
 
-    sch = s_tir.Schedule(func)
     out, gemm, a_packed = (sch.get_sblock(n) for n in ("output", "gemm", "A_packed"))
-
     g, mo, no, i, j, kb, kk = sch.get_loops(gemm)
-    # Knobs must divide the block counts: a ragged split puts a predicate on the block,
-    # which the micro-kernel's pattern does not match. Each is cut to the largest
-    # divisor not above it (the autotuner samples perfect tiles in the first place).
-    m_tiles, n_tiles, k_unroll = (_largest_divisor(sch.get(loop).extent.value, want)
-                                  for loop, want in ((mo, knobs.m_tiles), (no, knobs.n_tiles),
-                                                     (kb, knobs.k_unroll)))
-    mo, ti = sch.split(mo, [None, m_tiles])
-    no, tj = sch.split(no, [None, n_tiles])
-    kb_o, kb_i = sch.split(kb, [None, k_unroll])
-    sch.reorder(mo, no, kb_o, kb_i, ti, tj, i, j, kk)
+    # A kernel that reduces inside its block (kernels.has_k_loop) is tensorized over the
+    # whole K loop, so its partial sums stay in registers across K; K is then unrolled
+    # inside the instruction sequence and the k_unroll knob does not apply.
+    # (One K block has no loop to keep anything across: the block intrinsic does.)
+    k_blocks = sch.get(kb).extent.value
+    whole_k = kernel.intrin is not None and kernels.has_k_loop(kernel) and k_blocks > 1
+    mo, ti = sch.split(mo, tile(mo, "m_tiles"))
+    no, tj = sch.split(no, tile(no, "n_tiles"))
+    # Macro-tile columns outside, rows inside: the epilogue's per-channel parameters
+    # (bias, multiplier, shift and the shifts derived from it) and the column's B blocks
+    # are the same for every macro tile of the inner loop, so LLVM loads and prepares
+    # them once per column instead of once per tile.
+    if whole_k:
+        sch.reorder(no, mo, ti, tj, kb, i, j, kk)
+        k_outer, unrolled = kb, (ti, tj)
+    else:
+        kb_o, kb_i = sch.split(kb, tile(kb, "k_unroll"))
+        sch.reorder(no, mo, kb_o, kb_i, ti, tj, i, j, kk)
+        k_outer, unrolled = kb_o, (kb_i, ti, tj)
     # The epilogue of a macro tile runs right after its K loop, so its accumulators are
     # dead afterwards and buffer compaction shrinks them to one macro tile.
-    sch.reverse_compute_at(out, no)
+    sch.reverse_compute_at(out, mo)
     if kernel.intrin is None:
         sch.set_scope(gemm, 0, "local")  # the scalar tile can live in registers outright
-    if knobs.parallel:  # before the reduction is split in init + update (parallel rejects it)
-        sch.parallel(mo)
+    if parallel:  # before the reduction is split in init + update (parallel rejects it)
+        sch.parallel(no)
         sch.parallel(sch.get_loops(a_packed)[1])
-    sch.decompose_reduction(gemm, kb_o)
-    for loop, factor in ((kb_i, k_unroll), (ti, m_tiles), (tj, n_tiles)):
-        if factor > 1:
+    sch.decompose_reduction(gemm, k_outer)
+    for loop in unrolled:  # an extent-1 loop unrolls to nothing
+        sch.unroll(loop)
+    own = _loops_below(sch, out, mo)  # none when the macro tile is one output (ref kernel)
+    if vector_epilogue and own:
+        # The epilogue's innermost loop runs over the macro tile's n_tiles * nr channels
+        # of one output pixel, contiguous in the output: one vector, and its int8 results
+        # one store (LLVM splits it into as many NEON registers as it needs). Its other
+        # loops (the tile's rows) are unrolled: every accumulator index is then a
+        # constant, so LLVM reads the accumulators straight from the registers the K
+        # loop left them in (rearranging lanes with shuffles) instead of spilling the
+        # tile and gathering it lane by lane.
+        sch.vectorize(own[-1])
+        for loop in own[:-1]:
             sch.unroll(loop)
-    own = _loops_below(sch, out, no)  # the epilogue's own loops inside the macro tile
-    if knobs.vector_epilogue and own and sch.get(own[-1]).extent.value > 1:
-        # One int32 NEON register of channels at a time. Within a micro-tile row the
-        # accumulators are contiguous; a vector wider than nr gathers across tiles, which
-        # still beats half-empty registers when nr = 2 (mmla).
-        lanes = _largest_divisor(sch.get(own[-1]).extent.value, knobs.epilogue_lanes)
-        _, inner = sch.split(own[-1], [None, lanes])
-        sch.vectorize(inner)
-    if kernel.intrin is not None:
+    if whole_k:
+        kernels.tensorize(sch, kb, kernel, target, k_blocks=k_blocks)
+    elif kernel.intrin is not None:
         # The micro-kernels take C as a plain (global-scope) window; the compacted
         # tile is a few dozen bytes on the stack, which LLVM keeps in registers.
         kernels.tensorize(sch, i, kernel, target)
-    return sch.mod["main"]
 
 
 def _loops_below(sch, block, loop) -> list:

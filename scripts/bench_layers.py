@@ -10,8 +10,9 @@ model zoo builds its models) and cached under ``$TVM_ARMQ_HOME/bench`` (default
              emulated CPU (XNNPACK picks its micro-kernels from that CPU's features).
   tvm_armq   the layer's kernel built from exactly that model's parameters
              (``tflite_layers.read_layer``): conv2d / dense through ``conv2d_gemm`` with
-             the level's best micro-kernel (``kernels.select``) and the default knobs
-             ``GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2, parallel=False)``; depthwise
+             the level's best micro-kernel (``kernels.select``) and the knobs
+             ``conv2d_gemm.default_knobs(shape, kernel, parallel=False)`` (``--knobs``
+             overrides fields, e.g. ``--knobs m_tiles=2,n_tiles=4``); depthwise
              through ``schedules.depthwise`` (single thread too). The PrimFunc is exported
              for aarch64 and ``armperf.py script`` times one call of it.
 
@@ -29,7 +30,12 @@ takes for data and prices at zero cycles. At dotprod and i8mm both sides' GEMM i
 loops are therefore underpriced (by ~2x in the hot blocks). The ``unpriced`` column gives,
 per side, the share of executed instructions affected (from the hottest blocks); compare
 GEMM layers at those levels with that in mind. neon (smull/sadalp) and the depthwise
-kernels (smull/smlal) are priced in full.
+kernels (smull/smlal) are priced in full. The ``corrected`` ratio re-prices, on each side,
+every hot block holding such words with the words decoded back to their mnemonics
+(``inner_loop_peak.decode_line``) and run through the same llvm-mca core model: cycles +
+sum over those blocks of executions x (decoded - raw cycles per execution). It is the
+figure to compare at dotprod and i8mm (a lower bound of the true cost on both sides, as
+only the ``--top`` hottest blocks are re-priced).
 
 Before measuring, every layer is checked once on the host: the model holds the expected
 op and shapes, the NumPy reference (``schedules.reference``) computed from the parameters
@@ -81,9 +87,10 @@ DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
 # it is part of the cache path, so stale models are never reused.
 BENCH_VERSION = 1
 
-# The tvm_armq GEMM schedule's knobs for every conv / dense layer (single thread, as
-# armperf measures).
-KNOBS = cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2, parallel=False)
+# Overrides of the GEMM schedule's default knobs (``--knobs``), applied to every conv /
+# dense layer; the defaults are ``cg.default_knobs`` with parallel=False (armperf measures
+# one thread).
+KNOB_OVERRIDES: dict[str, int] = {}
 
 V1, V2 = "mobilenet_v1_1.0", "mobilenet_v2_1.0"
 MODELS = (V1, V2)
@@ -311,14 +318,17 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     tile = (micro.mr, micro.nr, micro.kr)
     f = cg.conv2d_gemm_func(shape, tile, in_zp=q.in_zp, out_zp=q.out_zp,
                             act_range=q.act_range)
-    f = cg.schedule_conv2d_gemm(f, micro, target, KNOBS).with_attr("global_symbol",
+    knobs = dataclasses.replace(cg.default_knobs(shape, micro, parallel=False),
+                                **KNOB_OVERRIDES)
+    f = cg.schedule_conv2d_gemm(f, micro, target, knobs).with_attr("global_symbol",
                                                                    layer.symbol)
     w = q.weight_hwio()
     out = np.zeros((shape.gemm_m, shape.groups, shape.gemm_n), np.int8)
     args = [x.reshape(shape.batch, shape.in_h, shape.in_w, shape.in_c),
             cg.pack_weights(w, tile, shape.groups), cg.fold_bias(w, q.bias, q.in_zp),
             *_requant_params(q), out]
-    return LayerKernel(f, args, micro.name)
+    return LayerKernel(f, args, f"{micro.name} {knobs.m_tiles}x{knobs.n_tiles}"
+                                f"/k{knobs.k_unroll}")
 
 
 def _depthwise_kernel(layer: Layer, q, x, dw) -> LayerKernel:
@@ -439,6 +449,21 @@ def unpriced_fraction(result: dict) -> float:
     return raw / result["insns_per_run"]  # both per run
 
 
+def corrected_cycles(result: dict) -> float:
+    """``cycles_per_run`` with the hot blocks' ``.byte`` words priced: each such block is
+    re-priced with the words decoded to their mnemonics (see the module docstring)."""
+    from inner_loop_peak import decode_line, mca_cycles
+
+    extra = 0.0
+    for h in result["hot"]:
+        if not h["execs"] or not any(line.startswith(".byte") for line in h["code"]):
+            continue
+        decoded = [decode_line(line) for line in h["code"]]
+        extra += h["execs"] * (mca_cycles(decoded, result["core"])
+                               - mca_cycles(h["code"], result["core"]))
+    return result["cycles_per_run"] + extra
+
+
 def _hot(result: dict) -> list[dict]:
     """The hottest blocks of an armperf result, with their share of the run."""
     return [dict(h, share=h["cycles"] / result["cycles_per_run"]) for h in result["hot"]]
@@ -447,16 +472,16 @@ def _hot(result: dict) -> list[dict]:
 # ----------------------------------------------------------------- output
 
 COLUMNS = ("layer", "shape", "isa", "tflite cyc", "tvm_armq cyc", "tflite/tvm", "unpriced",
-           "kernel")
-ROW_FORMAT = "{:18s} {:30s} {:8s} {:>12s} {:>13s} {:>10s} {:>9s}  {}"
-TOTAL_FORMAT = "{:18s} {:8s} {:>7s} {:>12s} {:>13s} {:>10s}"
+           "corrected", "kernel")
+ROW_FORMAT = "{:18s} {:30s} {:8s} {:>12s} {:>13s} {:>10s} {:>9s} {:>9s}  {}"
+TOTAL_FORMAT = "{:18s} {:8s} {:>7s} {:>12s} {:>13s} {:>10s} {:>9s}"
 
 
 def print_row(row: dict) -> None:
     print(ROW_FORMAT.format(row["layer"], row["shape"], row["isa"], f"{row['tflite']:.4g}",
                             f"{row['tvm_armq']:.4g}", f"{row['tflite_over_tvm_armq']:.3f}",
                             f"{row['tflite_unpriced']:.0%}/{row['tvm_armq_unpriced']:.0%}",
-                            row["kernel"]), flush=True)
+                            f"{row['corrected_ratio']:.3f}", row["kernel"]), flush=True)
 
 
 def totals(rows: list[dict], selected: list[Layer], models) -> list[dict]:
@@ -471,24 +496,28 @@ def totals(rows: list[dict], selected: list[Layer], models) -> list[dict]:
                 continue
             tfl = sum(r["tflite"] * n for r, n in mine)
             tvm = sum(r["tvm_armq"] * n for r, n in mine)
+            tfl_c = sum(r["tflite_corrected"] * n for r, n in mine)
+            tvm_c = sum(r["tvm_armq_corrected"] * n for r, n in mine)
             out.append({"model": model, "isa": level, "layers": len(mine),
                         "instances": sum(n for _, n in mine), "tflite": tfl, "tvm_armq": tvm,
-                        "tflite_over_tvm_armq": tfl / tvm})
+                        "tflite_over_tvm_armq": tfl / tvm, "corrected_ratio": tfl_c / tvm_c})
     return out
 
 
 def print_totals(tots: list[dict]) -> None:
     print()
     print(TOTAL_FORMAT.format("model", "isa", "layers", "tflite cyc", "tvm_armq cyc",
-                              "tflite/tvm"))
+                              "tflite/tvm", "corrected"))
     for t in tots:
         print(TOTAL_FORMAT.format(t["model"], t["isa"], f"{t['layers']}/{t['instances']}",
                                   f"{t['tflite']:.4g}", f"{t['tvm_armq']:.4g}",
-                                  f"{t['tflite_over_tvm_armq']:.3f}"))
+                                  f"{t['tflite_over_tvm_armq']:.3f}",
+                                  f"{t['corrected_ratio']:.3f}"))
     print("(layers: distinct shapes measured / layer instances they stand for in the model)")
     print("(unpriced: tflite/tvm_armq share of executed instructions that armperf's hot blocks\n"
           " hold as raw .byte words - sdot, smmla, ... - priced at zero cycles by llvm-mca;\n"
           " where it is not 0%, that side's estimate is too low)")
+    print("(corrected: tflite/tvm with those words decoded and priced in the hot blocks)")
 
 
 def write_png(rows: list[dict], path: Path) -> None:
@@ -542,7 +571,14 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write the rows and totals here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--list", action="store_true", help="print the layer table and exit")
+    ap.add_argument("--knobs", metavar="NAME=INT,...", default="",
+                    help="override GEMM knobs of every conv / dense layer")
     a = ap.parse_args()
+    for item in filter(None, a.knobs.split(",")):
+        name, _, value = item.partition("=")
+        if name not in {f.name for f in dataclasses.fields(cg.GemmKnobs)} or not value:
+            ap.error(f"--knobs: {item!r} is not NAME=INT with a GemmKnobs field name")
+        KNOB_OVERRIDES[name] = int(value)
 
     selected = select_layers(a.models, a.layers, a.limit)
     if a.list:
@@ -574,6 +610,7 @@ def main() -> int:
                 tfl = armperf(a.armperf, "tflite", model_path, level, a.runs, a.top)
                 tvm = armperf(a.armperf, "script", setup_py, level, a.runs, a.top,
                               args=(lib, npz, layer.symbol))
+                tfl_c, tvm_c = corrected_cycles(tfl), corrected_cycles(tvm)
                 row = {"layer": layer.name, "op": TFLITE_OP[layer.op],
                        "shape": layer.describe(), "act": layer.act, "uses": dict(layer.uses),
                        "isa": level, "core": tvm["core"], "tflite": tfl["cycles_per_run"],
@@ -583,6 +620,8 @@ def main() -> int:
                        "tvm_armq_insns": tvm["insns_per_run"],
                        "tflite_unpriced": unpriced_fraction(tfl),
                        "tvm_armq_unpriced": unpriced_fraction(tvm), "tflite_hot": _hot(tfl),
+                       "tflite_corrected": tfl_c, "tvm_armq_corrected": tvm_c,
+                       "corrected_ratio": tfl_c / tvm_c,
                        "tvm_armq_hot": _hot(tvm)}
                 rows.append(row)
                 print_row(row)

@@ -119,13 +119,6 @@ def _act_range(opts):
             act.RELU6: (0.0, 6.0)}[opts.FusedActivationFunction()]
 
 
-def _clamp(y, act_range):
-    lo, hi = act_range if act_range is not None else (None, None)
-    if hi is not None:
-        y = np.minimum(y, np.float32(hi))
-    if lo is not None:
-        y = np.maximum(y, np.float32(lo))
-    return y
 
 
 def _depthwise_fp32(g: _TFLiteGraph, op, x) -> np.ndarray:
@@ -136,7 +129,7 @@ def _depthwise_fp32(g: _TFLiteGraph, op, x) -> np.ndarray:
     cols = ref.im2col_nhwc(x.astype(np.float64), *w.shape[1:3], **win)
     cols = np.repeat(cols, opts.DepthMultiplier(), axis=-1)  # output channel c * M + m
     y = (cols * w[0].astype(np.float64)).sum(axis=(3, 4)) + b
-    return _clamp(y.astype(np.float32), _act_range(opts))
+    return ref.clamp_f32(y.astype(np.float32), _act_range(opts))
 
 
 def emulate_bf16_net(g: _TFLiteGraph, x: np.ndarray) -> np.ndarray:

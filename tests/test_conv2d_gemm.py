@@ -217,3 +217,72 @@ def test_conv2d_matches_tflite(devices, level, zoo_model, tmp_path, report):
                                       err_msg=f"{name} seed {seed} at {level}")
     report(f"conv2d_gemm vs TFLite {kernel.name:28s} {level:8s} "
            f"{', '.join(TFLITE_MODELS)} bit-exact")
+
+
+# ------------------------------------------------------------- the design space
+SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 8, 8, 16, 3, 3, padding=(1, 1, 1, 1)), in_zp=-3,
+                    out_zp=4)
+SEEDS = range(1, 7)
+
+
+def test_sample_conv2d_gemm_on_device(devices, level, tmp_path, report):
+    """``sample_conv2d_gemm`` with several seeds: the traces differ (the knobs are sampled),
+    each candidate is tensorized with the level's kernel, and every one is bit-exact."""
+    import tvm
+    from tvm import s_tir
+
+    target = build.resolve_target(level)
+    kernel = kernels.select(target, "int8", "int8")
+    c = SAMPLED_CASE
+    func = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
+                               out_zp=c.out_zp, act_range=c.act_range)
+    assert func.attrs[cg.ATTR_OP] == "conv2d_gemm" and func.attrs[cg.ATTR_KERNEL] == kernel.name
+    funcs, decisions = {}, set()
+    for seed in SEEDS:
+        sch = s_tir.Schedule(func, seed=seed)
+        cg.sample_conv2d_gemm(sch, kernel, target)
+        trace = sch.trace
+        kinds = [inst.kind.name for inst in trace.insts]
+        # m_tiles, n_tiles and k_unroll; no k_unroll where the kernel takes the whole K loop
+        knobs = 2 if kernels.has_k_loop(kernel) else 3
+        assert kinds.count("SamplePerfectTile") == knobs and "Tensorize" in kinds, kinds
+        decisions.add(tuple(tuple(int(x) for x in d) for d in trace.decisions.values()))
+        funcs[f"seed{seed}"] = sch.mod["main"].with_attr("global_symbol", f"seed{seed}")
+    assert len(decisions) > 1, f"{len(SEEDS)} seeds sampled one and the same schedule"
+    ex = tvm.compile(tvm.IRModule(funcs), target=target)
+    assert all(ins in ex.mod.inspect_source("asm") for ins in kernel.instructions)
+    lib = build.export_aarch64(ex, tmp_path / "sampled.so")
+    sess = devices.session(level)
+    sess.upload(str(lib))
+    rlib = sess.load_module(lib.name)
+    dev = sess.cpu(0)
+    args, expected = _case_data(c, 0, kernel)
+    shp = c.shape
+    for name in funcs:
+        out = tvm.runtime.tensor(np.zeros((shp.gemm_m, shp.groups, shp.gemm_n), np.int8), dev)
+        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
+        np.testing.assert_array_equal(out.numpy().reshape(expected.shape), expected,
+                                      err_msg=f"{name} at {level}")
+    report(f"conv2d_gemm sampled {kernel.name:28s} {level:8s} {len(decisions)} distinct "
+           f"schedules of {len(SEEDS)} seeds bit-exact")
+
+
+def test_default_knobs_are_honoured_and_fit_the_registers():
+    """default_knobs picks tile counts that divide the block counts (so the schedule uses
+    them as given), whole int32x4 output rows, and a K loop that fits the register file;
+    neon's whole-K kernel keeps one micro-tile per K loop."""
+    shapes = [S(1, 112, 112, 16, 96, 1, 1), S(1, 14, 14, 512, 512, 1, 1),
+              S(1, 7, 7, 160, 960, 1, 1), S(1, 224, 224, 3, 32, 3, 3, strides=(2, 2)),
+              S.dense(1, 1280, 1000), CASES[3].shape]
+    for level in ("neon", "dotprod", "i8mm"):
+        kernel = kernels.select(build.resolve_target(level), "int8", "int8")
+        for shape in shapes:
+            knobs = cg.default_knobs(shape, kernel, parallel=False)
+            mb, nb = -(-shape.gemm_m // kernel.mr), -(-shape.gemm_n // kernel.nr)
+            assert mb % knobs.m_tiles == 0 and nb % knobs.n_tiles == 0, (level, shape, knobs)
+            acc, operands = cg._registers(kernel, knobs.m_tiles, knobs.n_tiles)
+            assert acc + operands <= cg.NEON_REGISTERS - cg.SCRATCH_REGISTERS, (level, knobs)
+            assert not knobs.parallel
+            if shape.gemm_n % cg.EPILOGUE_LANES == 0:
+                assert knobs.n_tiles * kernel.nr % cg.EPILOGUE_LANES == 0, (level, knobs)
+    assert cg.default_knobs(CASES[0].shape, REFERENCE) == cg.GemmKnobs()

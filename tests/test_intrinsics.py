@@ -43,19 +43,27 @@ REFERENCES = [k for k in kernels.TABLE if k.intrin is None]
 
 # ------------------------------------------------------------------ the GEMMs
 def shapes(kernel) -> dict[str, tuple[int, int, int]]:
-    """(M, N, K) per case: K a multiple of kr, and K with a tail of about half a block."""
+    """(M, N, K) per case: K a multiple of kr, and K with a tail of about half a block.
+    A kernel with a whole-K form (``kernels.has_k_loop``) also gets "k_loop": that form
+    over four K blocks, the last one a zero-padded tail."""
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    return {"aligned": (2 * mr, 3 * nr, 3 * kr),
-            "k_tail": (3 * mr, 2 * nr, 2 * kr + kr // 2 + 1)}
+    cases = {"aligned": (2 * mr, 3 * nr, 3 * kr),
+             "k_tail": (3 * mr, 2 * nr, 2 * kr + kr // 2 + 1)}
+    if kernels.has_k_loop(kernel):
+        cases["k_loop"] = (2 * mr, 2 * nr, 3 * kr + kr // 2)
+    return cases
 
 
 def func_name(kernel, case: str) -> str:
     return f"{kernel.name}__{case}"
 
 
-def gemm(kernel, m: int, n: int, k: int):
+def gemm(kernel, m: int, n: int, k: int, k_inner_iters: bool = False):
     """C[M, N] = A[M, K] · B[N, K]^T over A and B packed in the kernel's layouts
     (A_packed[M/mr, K/kr, mr, kr], B_packed[N/nr, K/kr, nr, kr]): one block per (mo, no, ko).
+    ``k_inner_iters`` declares the block's iterators in the order the whole-K intrinsic
+    matches (mo, no, mi, ni, ko, ki; the loops stay mo, no, ko, mi, ni, ki), as the
+    conv2d GEMM stage does.
     """
     from tvm.script import tirx as T
 
@@ -70,7 +78,12 @@ def gemm(kernel, m: int, n: int, k: int):
         T.func_attr({"tir.noalias": True})
         for mo, no, ko, mi, ni, ki in T.grid(mo_, no_, ko_, mr, nr, kr):
             with T.sblock("gemm"):
-                vmo, vno, vko, vmi, vni, vki = T.axis.remap("SSRSSR", [mo, no, ko, mi, ni, ki])
+                if k_inner_iters:
+                    vmo, vno, vmi, vni, vko, vki = T.axis.remap("SSSSRR",
+                                                                [mo, no, mi, ni, ko, ki])
+                else:
+                    vmo, vno, vko, vmi, vni, vki = T.axis.remap("SSRSSR",
+                                                                [mo, no, ko, mi, ni, ki])
                 with T.init():
                     C[vmo * mr + vmi, vno * nr + vni] = T.Cast(c_dt, 0)
                 C[vmo * mr + vmi, vno * nr + vni] = (
@@ -91,16 +104,22 @@ def pack(x: np.ndarray, rows: int, kr: int) -> np.ndarray:
     return np.ascontiguousarray(blocks)
 
 
-def scheduled(kernel, m, n, k, target):
-    """The GEMM with its (mr, nr, kr) block tensorized by ``kernel`` (reference: untouched)."""
+def scheduled(kernel, case, m, n, k, target):
+    """The GEMM with its (mr, nr, kr) block tensorized by ``kernel`` (reference: untouched);
+    the "k_loop" case tensorizes the whole K loop with the kernel's whole-K form."""
     import tvm
 
-    sch = tvm.s_tir.Schedule(gemm(kernel, m, n, k))
+    k_loop = case == "k_loop"
+    sch = tvm.s_tir.Schedule(gemm(kernel, m, n, k, k_inner_iters=k_loop))
     if kernel.intrin is not None:
         block = sch.get_sblock("gemm")
         loops = sch.get_loops(block)  # mo, no, ko, mi, ni, ki
         sch.decompose_reduction(block, loops[2])
-        kernels.tensorize(sch, loops[3], kernel, target)
+        if k_loop:
+            kernels.tensorize(sch, loops[2], kernel, target,
+                              k_blocks=sch.get(loops[2]).extent.value)
+        else:
+            kernels.tensorize(sch, loops[3], kernel, target)
     return sch.mod["main"]
 
 
@@ -115,8 +134,8 @@ class LevelBuild:
         for kernel in KERNELS_AT[level]:
             for case, (m, n, k) in shapes(kernel).items():
                 name = func_name(kernel, case)
-                funcs[name] = scheduled(kernel, m, n, k, target).with_attr("global_symbol",
-                                                                           name)
+                funcs[name] = scheduled(kernel, case, m, n, k, target).with_attr(
+                    "global_symbol", name)
         lib = tvm.compile(tvm.IRModule(funcs), target=target)
         self.asm = lib.mod.inspect_source("asm")
         path = build.export_aarch64(lib, tmp_dir / f"intrinsics_{level}.so")
@@ -278,11 +297,12 @@ def test_all_minus_128_is_exact(level_build):
     assert kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON) in signed
     for kernel in signed:
         built = level_build(lowest_level(kernel))
-        m, n, k = shapes(kernel)["k_tail"]
-        a = np.full((m, k), -128, np.int8)
-        b = np.full((n, k), -128, np.int8)
-        got = built.run(kernel, "k_tail", a, b)
-        assert (got == 16384 * k).all(), (kernel.name, got)
+        for case in ("k_tail", "k_loop") if kernels.has_k_loop(kernel) else ("k_tail",):
+            m, n, k = shapes(kernel)[case]
+            a = np.full((m, k), -128, np.int8)
+            b = np.full((n, k), -128, np.int8)
+            got = built.run(kernel, case, a, b)
+            assert (got == 16384 * k).all(), (kernel.name, case, got)
 
 
 @pytest.mark.parametrize("kernel", TENSORIZED, ids=lambda k: k.name)

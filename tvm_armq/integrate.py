@@ -350,9 +350,8 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
         shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                                **_conv_window(layer))
         w_hwio = layer.weight
-    func = cg.conv2d_gemm_func(shape, tile, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
-                               act_range=layer.act_range)
-    func = func.with_attr({"tvm_armq.op": "conv2d_gemm", "tvm_armq.kernel": kernel.name})
+    func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_zp=layer.x_q[1],
+                               out_zp=layer.out_q[1], act_range=layer.act_range)
     if tasks is not None:
         tasks.append((func, kernel))
     scheduled = None
@@ -362,20 +361,14 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
         scheduled = tuning.schedule_from_database(database, func, target)
     tuned = scheduled is not None
     if not tuned:
-        scheduled = cg.schedule_conv2d_gemm(func, kernel, target, _gemm_knobs(shape, kernel)) \
-            if schedule else func
+        scheduled = cg.schedule_conv2d_gemm(func, kernel, target,
+                                            cg.default_knobs(shape, kernel)) if schedule else func
     mult, shift = _requant(layer)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1]), mult, shift]
     data_shape = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
     out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
     return scheduled, data_shape, consts, out_shape, kernel.name, tuned
-
-
-def _gemm_knobs(shape, kernel):
-    from tvm_armq.schedules import conv2d_gemm as cg
-
-    return cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
 
 
 def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):

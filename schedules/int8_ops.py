@@ -1,0 +1,776 @@
+"""Quantized int8/uint8 ADD, MUL, MEAN, AVERAGE_POOL_2D, requantize and SOFTMAX as TIR.
+
+Read this first. Each function here builds one TFLite operator as a scheduled TIR PrimFunc
+that gives, bit for bit, what TFLite's reference kernels (the ``BUILTIN_REF`` op resolver)
+give. Each op does its work in two steps, as TFLite does:
+
+* **Prepare** (here: at compile time, in Python). The float32 scales of the tensors become
+  integer multipliers and shifts. The real factors are computed in double (or float, where
+  TFLite computes in float), then split by ``requant.quantize_multiplier`` (TFLite's
+  ``QuantizeMultiplier``). The ``*_params`` functions do this and return dataclasses whose
+  fields are the keyword arguments of the NumPy references in ``schedules.reference``.
+* **Eval** (the PrimFunc). Integer arithmetic only. Every requantization is
+  ``qmuls(x, multiplier, 31, shift)``, TFLite's ``MultiplyByQuantizedMultiplier`` with
+  double rounding (``intrinsics.qmuls``: sqrdmulh + rounding shift on aarch64). The
+  multipliers, shifts and zero points are immediates in the code.
+
+What each op computes (``zp`` = zero point, ``s`` = float32 scale, ``M(x, m, e)`` = qmuls):
+
+ADD (``add_func``; TFLite's general 8-bit path, ``left_shift`` = 20)
+    Prepare: ``twice = 2 * max(s_a, s_b)``; input factors ``s_a / twice`` and
+    ``s_b / twice`` (<= 1/2), output factor ``twice / (2**20 * s_out)``, all in double.
+    Eval: ``a' = M((a - zp_a) << 20, m_a, e_a)``, same for b,
+    ``out = clamp(M(a' + b', m_out, e_out) + zp_out, act_lo, act_hi)``.
+MUL (``mul_func``)
+    Prepare: ``s_a * s_b / s_out`` evaluated in **float32** (TFLite multiplies the float
+    scales before the result becomes a double), then ``QuantizeMultiplier``.
+    Eval: ``out = clamp(M((a - zp_a) * (b - zp_b), m, e) + zp_out, act_lo, act_hi)``.
+    Both ADD and MUL broadcast as NumPy does (TFLite's ``BroadcastAdd/Mul*DSlow``).
+MEAN (``mean_func``)
+    TFLite's reference MEAN takes one path for int8/uint8 whatever keep_dims, the axes or
+    the scales are (``reference_ops::QuantizedMeanOrSum``; checked against the installed
+    TFLite in ``tests/test_int8_ops.py``, for keep_dims true and false, axes [1, 2] and
+    others, equal and different scales). Prepare: ``m, e`` of ``s_in / s_out`` (double);
+    then, for the n = number of reduced elements, ``k = min(floor(log2 n), 32, 31 + e)``,
+    ``m' = (m << k) // n`` (int64, truncating), ``e' = e - k``: the 1/n is folded into the
+    multiplier. Eval: ``out = clamp(M(sum(x) - zp_in * n, m', e') + zp_out)`` to the dtype.
+AVERAGE_POOL_2D (``avg_pool_func``)
+    No rescaling (TFLite requires equal input and output quantization). Per output pixel,
+    ``count`` = the window's pixels inside the input (padding is not counted),
+    ``acc`` = sum of the raw input values, and the average rounds half away from zero:
+    ``acc > 0 ? (acc + count/2) / count : (acc - count/2) / count`` (C division). Then the
+    activation clamp. The division is a multiplication (see ``_rounded_average``).
+Requantize (``requantize_func``; TFLite's QUANTIZE from an int8/uint8 tensor)
+    Prepare: ``m, e`` of ``s_in / s_out`` (double). Eval: ``clamp(M(x - zp_in, m, e) + zp_out)``
+    to the output dtype. TFLite's int8 CONCATENATION refuses inputs whose scale or zero
+    point differ from the output's; the converter then puts such a QUANTIZE before it,
+    so a concatenation needing rescaling is this op on each input, then a plain copy.
+SOFTMAX (``softmax_func``; ``reference_ops::Softmax`` for 8-bit input, gemmlowp fixed point)
+    Prepare: ``beta * s_in * 2**26`` (capped at 2**31 - 1) becomes ``m, e >= 0``;
+    ``diff_min = -floor(31 * 2**26 / 2**e)``. Eval per row (the last axis):
+    ``d = x - max(row)``; ``E(d)`` = gemmlowp's ``exp_on_negative_values`` of
+    ``SRDHM(d << e, m)`` in Q5.26 (0 when ``d < diff_min``), a Q0.31 number;
+    ``sum = sum of E(d) / 2**12`` (rounded; Q12.19); ``recip`` = gemmlowp's
+    ``one_over_one_plus_x`` of the sum normalized to [1, 2) by its leading zeros ``z``;
+    ``out = clamp(RoundingDivideByPOT(SRDHM(E(d), recip), 35 - z) + dtype_min)``.
+    ``E`` depends on ``d`` alone, and an 8-bit ``d`` has 256 values, so ``E`` is a table
+    of 256 int32 computed at compile time (``softmax_exp_table``, with
+    ``reference.exp_on_negative_values``) and passed to the PrimFunc as an operand. The
+    reciprocal (three Newton-Raphson steps) is scalar integer TIR, once per row.
+
+Layout and schedules: tensors are dense, row-major (NHWC for MEAN and AVERAGE_POOL_2D).
+The last axis ("channels") is the vector axis: 16 int8 lanes per NEON register. Outer
+axes are fused into one parallel loop. Element-wise ops split the channel loop into
+16-lane vectors plus one narrower vector for the remainder (``Schedule.loop_partition``);
+ops with several blocks (MEAN, AVERAGE_POOL_2D, SOFTMAX) vectorize over 16, 8 or 4
+channels, whichever divides the channel count (else its largest divisor below 16:
+``channel_block``), with their per-row or per-pixel reductions computed right where the
+output uses them.
+
+Every ``*_func`` returns a scheduled PrimFunc (``schedule=False``: the unscheduled one)
+whose parameters are its inputs, then its output; ``softmax_func`` also returns the
+table to pass as the second input.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, MAX_SHIFT, MIN_SHIFT,
+                                         quantize_multiplier)
+
+LANES = 16  # int8 lanes in one 128-bit NEON register
+DTYPES = ("int8", "uint8")
+Q31 = 31  # fractional bits of TFLite's multipliers (qmuls' q)
+
+ADD_LEFT_SHIFT = 20  # TFLite's 8-bit ADD works on (x - zp) << 20 (< 2**28: the sum fits)
+
+MEAN_MAX_FOLD_SHIFT = 32  # TFLite folds 1/n into the multiplier with at most 32 extra bits
+
+# AVERAGE_POOL_2D divides by the pixel count as a multiplication by ceil(2**30 / count),
+# exact for 8-bit inputs and windows up to POOL_MAX_WINDOW pixels (see _rounded_average)
+POOL_RECIPROCAL_BITS = 30
+POOL_MAX_WINDOW = 1024
+
+# SOFTMAX, from TFLite's reference kernel and gemmlowp
+SOFTMAX_DIFF_INTEGER_BITS = 5  # the scaled input difference is Q5.26
+SOFTMAX_SUM_INTEGER_BITS = 12  # the sum of exponentials is Q12.19
+SOFTMAX_TABLE_SIZE = 256  # an 8-bit input difference max(row) - x is in [0, 255]
+NEWTON_48_OVER_17 = 1515870810  # 48/17 in Q2.29: the first Newton-Raphson estimate ...
+NEWTON_NEG_32_OVER_17 = -1010580540  # ... is 48/17 - 32/17 * d (d = half the denominator)
+NEWTON_STEPS = 3
+Q2_29_ONE = 1 << 29  # 1.0 in Q2.29
+
+
+def _dtype(dtype: str, op: str) -> np.iinfo:
+    if dtype not in DTYPES:
+        raise TypeError(f"{op}: dtype must be one of {DTYPES}, got {dtype!r}")
+    return np.iinfo(dtype)
+
+
+def _f32(scale) -> float:
+    """A scale as TFLite holds it: a float32 (read as a double when TFLite computes in double)."""
+    return float(np.float32(scale))
+
+
+def _quant(q, op: str, what: str, info: np.iinfo) -> tuple[float, int]:
+    scale, zp = q
+    if not (math.isfinite(float(scale)) and float(scale) > 0):
+        raise ValueError(f"{op}: {what} scale must be a positive number, got {scale}")
+    if not info.min <= int(zp) <= info.max:
+        raise ValueError(f"{op}: {what} zero point {zp} is outside {info.dtype}")
+    return _f32(scale), int(zp)
+
+
+def _act_range(act_range, info: np.iinfo, op: str) -> tuple[int, int]:
+    lo, hi = (int(info.min), int(info.max)) if act_range is None else map(int, act_range)
+    if not info.min <= lo <= hi <= info.max:
+        raise ValueError(f"{op}: activation range ({lo}, {hi}) is not inside {info.dtype}")
+    return lo, hi
+
+
+def _check_shift(shift: int, op: str, what: str) -> int:
+    if not MIN_SHIFT <= shift <= MAX_SHIFT["double"]:
+        raise ValueError(f"{op}: the {what} scale needs a shift of {shift}, outside TFLite's "
+                         f"[{MIN_SHIFT}, {MAX_SHIFT['double']}]")
+    return shift
+
+
+# ----------------------------------------------------------------------------- Prepare
+@dataclasses.dataclass(frozen=True)
+class AddParams:
+    """TFLite's ADD parameters (fields = keyword arguments of ``reference.broadcast_add``)."""
+
+    a_zp: int
+    b_zp: int
+    out_zp: int
+    left_shift: int
+    a_multiplier: int
+    a_shift: int
+    b_multiplier: int
+    b_shift: int
+    out_multiplier: int
+    out_shift: int
+    act_range: tuple[int, int]
+    out_dtype: str = "int8"
+
+
+def add_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8") -> AddParams:
+    """TFLite's ADD Prepare for 8-bit tensors; ``*_q`` = (float32 scale, zero point)."""
+    info = _dtype(dtype, "ADD")
+    (sa, za), (sb, zb), (so, zo) = (_quant(q, "ADD", w, info)
+                                    for q, w in ((a_q, "input 1"), (b_q, "input 2"),
+                                                 (out_q, "output")))
+    twice_max = 2 * max(sa, sb)
+    mults = [quantize_multiplier(sa / twice_max), quantize_multiplier(sb / twice_max),
+             quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so))]
+    for (_, e), what in zip(mults, ("input 1", "input 2", "output")):
+        if e > 0:  # TFLite's QuantizeMultiplierSmallerThanOneExp refuses these
+            raise ValueError(f"ADD: the {what} rescaling factor is not below 1 "
+                             f"(scales {sa}, {sb} -> {so}); TFLite rejects this model")
+        _check_shift(e, "ADD", what)
+    (ma, ea), (mb, eb), (mo, eo) = mults
+    return AddParams(za, zb, zo, ADD_LEFT_SHIFT, ma, ea, mb, eb, mo, eo,
+                     _act_range(act_range, info, "ADD"), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class MulParams:
+    """TFLite's MUL parameters (fields = keyword arguments of ``reference.broadcast_mul``)."""
+
+    a_zp: int
+    b_zp: int
+    out_zp: int
+    multiplier: int
+    shift: int
+    act_range: tuple[int, int]
+    out_dtype: str = "int8"
+
+
+def mul_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8") -> MulParams:
+    """TFLite's MUL Prepare: ``s_a * s_b / s_out`` in float32 arithmetic, then split."""
+    info = _dtype(dtype, "MUL")
+    (sa, za), (sb, zb), (so, zo) = (_quant(q, "MUL", w, info)
+                                    for q, w in ((a_q, "input 1"), (b_q, "input 2"),
+                                                 (out_q, "output")))
+    f = np.float32
+    real = float(f(f(sa) * f(sb)) / f(so))  # each step rounded to float32, as TFLite's C++
+    m, e = quantize_multiplier(real)
+    return MulParams(za, zb, zo, m, _check_shift(e, "MUL", "output"),
+                     _act_range(act_range, info, "MUL"), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class MeanParams:
+    """TFLite's MEAN parameters with 1/n folded in (keywords of ``reference.mean``)."""
+
+    in_zp: int
+    out_zp: int
+    multiplier: int
+    shift: int
+    out_dtype: str = "int8"
+
+
+def mean_params(count: int, in_q, out_q, dtype: str = "int8") -> MeanParams:
+    """TFLite's MEAN: Prepare's multiplier for ``s_in / s_out``, then its Eval's folding of
+    1/``count`` (the number of elements averaged) into that multiplier."""
+    info = _dtype(dtype, "MEAN")
+    (si, zi), (so, zo) = _quant(in_q, "MEAN", "input", info), _quant(out_q, "MEAN", "output", info)
+    if count < 1:
+        raise ValueError(f"MEAN: nothing to average ({count} elements)")
+    m, e = quantize_multiplier(si / so)
+    fold = min(count.bit_length() - 1, MEAN_MAX_FOLD_SHIFT, MAX_SHIFT["double"] + e)
+    return MeanParams(zi, zo, (m << fold) // count, _check_shift(e - fold, "MEAN", "output"),
+                      dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class RequantizeParams:
+    """TFLite's QUANTIZE parameters, 8-bit to 8-bit (``reference.requantize_tensor``'s
+    keywords)."""
+
+    in_zp: int
+    out_zp: int
+    multiplier: int
+    shift: int
+    out_dtype: str = "int8"
+
+
+def requantize_params(in_q, out_q, in_dtype: str = "int8",
+                      out_dtype: str = "int8") -> RequantizeParams:
+    """TFLite's QUANTIZE Prepare for a quantized input: ``s_in / s_out`` in double."""
+    (si, zi) = _quant(in_q, "QUANTIZE", "input", _dtype(in_dtype, "QUANTIZE"))
+    (so, zo) = _quant(out_q, "QUANTIZE", "output", _dtype(out_dtype, "QUANTIZE"))
+    m, e = quantize_multiplier(si / so)
+    return RequantizeParams(zi, zo, m, _check_shift(e, "QUANTIZE", "output"), out_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxParams:
+    """TFLite's 8-bit SOFTMAX parameters (keywords of ``reference.softmax``)."""
+
+    input_multiplier: int
+    input_left_shift: int
+    diff_min: int
+    out_dtype: str = "int8"
+
+
+def softmax_params(in_q, beta: float = 1.0, dtype: str = "int8") -> SoftmaxParams:
+    """TFLite's SOFTMAX Prepare for 8-bit input (PreprocessSoftmaxScaling and
+    CalculateInputRadius, in double; beta is the model's float32)."""
+    info = _dtype(dtype, "SOFTMAX")
+    si, _ = _quant(in_q, "SOFTMAX", "input", info)
+    frac_bits = Q31 - SOFTMAX_DIFF_INTEGER_BITS
+    real = min(_f32(beta) * si * (1 << frac_bits), float(INT32_MAX))
+    m, e = quantize_multiplier(real)
+    if real <= 1.0 or e < 0:  # TFLite's QuantizeMultiplierGreaterThanOne refuses these
+        raise ValueError(f"SOFTMAX: beta * input scale = {_f32(beta) * si} is too small "
+                         "for TFLite's 8-bit softmax")
+    radius = math.floor(((1 << SOFTMAX_DIFF_INTEGER_BITS) - 1) * (1 << frac_bits) / (1 << e))
+    return SoftmaxParams(m, e, -radius, dtype)
+
+
+def softmax_exp_table(params: SoftmaxParams) -> np.ndarray:
+    """int32[256]: entry ``k`` is TFLite's exp of the input difference ``-k`` (Q0.31), or 0
+    when ``-k < diff_min`` (TFLite skips those elements: they add nothing to the sum and
+    their output is the dtype's minimum, which a 0 here also gives)."""
+    from .reference import exp_on_negative_values, scale_softmax_diff
+
+    diff = -np.arange(SOFTMAX_TABLE_SIZE, dtype=np.int64)
+    table = exp_on_negative_values(scale_softmax_diff(diff, params.input_multiplier,
+                                                      params.input_left_shift))
+    return np.where(diff >= params.diff_min, table, 0).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- TIR helpers
+def _clamp_cast(x, lo: int, hi: int, dtype: str):
+    from tvm import tirx
+
+    return tirx.max(tirx.min(x, hi), lo).astype(dtype)
+
+
+def _broadcast_index(shape, out_shape, idx):
+    """Index into a NumPy-broadcast operand of ``shape`` at output index ``idx``."""
+    lead = len(out_shape) - len(shape)
+    return [0 if n == 1 else idx[lead + d] for d, n in enumerate(shape)]
+
+
+def _check_broadcast(op: str, a_shape, b_shape, out_shape):
+    try:
+        expected = tuple(np.broadcast_shapes(tuple(a_shape), tuple(b_shape)))
+    except ValueError:
+        raise ValueError(f"{op}: shapes {tuple(a_shape)} and {tuple(b_shape)} do not "
+                         "broadcast") from None
+    if tuple(out_shape) != expected:
+        raise ValueError(f"{op}: output shape {tuple(out_shape)} is not the broadcast shape "
+                         f"{expected} of {tuple(a_shape)} and {tuple(b_shape)}")
+
+
+def channel_block(channels: int) -> int:
+    """Vector width for the channel loop of multi-block ops, a divisor of ``channels`` (no
+    remainder loop): 16, 8 or 4 lanes (whole int32x4 registers for the epilogue) when one
+    divides, else the largest divisor up to 16."""
+    for lanes in (LANES, LANES // 2, LANES // 4):
+        if channels % lanes == 0:
+            return lanes
+    return max(d for d in range(1, min(channels, LANES) + 1) if channels % d == 0)
+
+
+def _elementwise_schedule(func):
+    """One block over the output: outer axes fused and parallel; the last axis in 16-lane
+    vectors, and its remainder (last % 16) as one narrower vector."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    (block,) = [b for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    loops = sch.get_loops(block)
+    inner = loops[-1]
+    if len(loops) > 1:
+        outer = sch.fuse(*loops[:-1])
+        if int(sch.get(outer).extent) > 1:
+            sch.parallel(outer)
+    channels = int(sch.get(inner).extent)
+    if channels <= LANES:
+        sch.vectorize(inner)
+        return sch.mod["main"]
+    main = channels // LANES * LANES
+    parts = [inner] if main == channels else sch.loop_partition(inner, [main, None])
+    vectors, lanes = sch.split(parts[0], [None, LANES])
+    sch.vectorize(lanes)
+    if len(parts) > 1:
+        sch.vectorize(parts[1])  # the remainder: one vector of channels % 16 lanes
+    elif len(loops) == 1 and int(sch.get(vectors).extent) > 1:
+        sch.parallel(vectors)  # a 1-D tensor: its vectors are the outer axis
+    return sch.mod["main"]
+
+
+def _finish(tensors, schedule, scheduler):
+    from tvm import te
+
+    func = te.create_prim_func(list(tensors))
+    return scheduler(func) if schedule else func
+
+
+# ----------------------------------------------------------------------------- ADD, MUL
+def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
+             dtype: str = "int8", *, schedule: bool = True):
+    """TFLite's 8-bit ADD (broadcasting, fused activation ``act_range``) as a PrimFunc
+    ``(a, b, out)``; ``*_q`` = (float32 scale, zero point), ``act_range`` = (lo, hi) in
+    output units (``tflite_layers.activation_range``), None for no activation."""
+    from tvm import te
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    _check_broadcast("ADD", a_shape, b_shape, out_shape)
+    p = add_params(a_q, b_q, out_q, act_range, dtype)
+    a = te.placeholder(tuple(a_shape), dtype, "a")
+    b = te.placeholder(tuple(b_shape), dtype, "b")
+
+    def rescaled(t, shape, zp, m, e, idx):
+        x = t[tuple(_broadcast_index(shape, out_shape, idx))].astype("int32") - zp
+        return qmuls(x << p.left_shift, m, Q31, e)  # (x - zp) << 20 fits: |x - zp| <= 255
+
+    def element(*idx):
+        total = (rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
+                 + rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx))
+        return _clamp_cast(qmuls(total, p.out_multiplier, Q31, p.out_shift) + p.out_zp,
+                           *p.act_range, dtype)
+
+    out = te.compute(tuple(out_shape), element, name="add")
+    return _finish((a, b, out), schedule, _elementwise_schedule)
+
+
+def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
+             dtype: str = "int8", *, schedule: bool = True):
+    """TFLite's 8-bit MUL (broadcasting, fused activation) as a PrimFunc ``(a, b, out)``;
+    arguments as ``add_func``."""
+    from tvm import te
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    _check_broadcast("MUL", a_shape, b_shape, out_shape)
+    p = mul_params(a_q, b_q, out_q, act_range, dtype)
+    a = te.placeholder(tuple(a_shape), dtype, "a")
+    b = te.placeholder(tuple(b_shape), dtype, "b")
+
+    def element(*idx):
+        x = a[tuple(_broadcast_index(a_shape, out_shape, idx))].astype("int32") - p.a_zp
+        y = b[tuple(_broadcast_index(b_shape, out_shape, idx))].astype("int32") - p.b_zp
+        r = qmuls(x * y, p.multiplier, Q31, p.shift) + p.out_zp  # |x * y| <= 255 * 255
+        return _clamp_cast(r, *p.act_range, dtype)
+
+    out = te.compute(tuple(out_shape), element, name="mul")
+    return _finish((a, b, out), schedule, _elementwise_schedule)
+
+
+# ----------------------------------------------------------------------------- requantize
+def requantize_func(shape, in_q, out_q, in_dtype: str = "int8", out_dtype: str = "int8", *,
+                    schedule: bool = True):
+    """TFLite's QUANTIZE of an 8-bit tensor to new quantization (``in_q`` -> ``out_q``) as a
+    PrimFunc ``(x, out)``. In front of a CONCATENATION input whose scale or zero point
+    differ from the output's, this is what TFLite runs (int8 CONCATENATION itself refuses
+    to rescale)."""
+    from tvm import te
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    p = requantize_params(in_q, out_q, in_dtype, out_dtype)
+    info = np.iinfo(out_dtype)
+    x = te.placeholder(tuple(shape), in_dtype, "x")
+
+    def element(*idx):
+        r = qmuls(x[idx].astype("int32") - p.in_zp, p.multiplier, Q31, p.shift) + p.out_zp
+        return _clamp_cast(r, int(info.min), int(info.max), out_dtype)
+
+    out = te.compute(tuple(shape), element, name="requantize")
+    return _finish((x, out), schedule, _elementwise_schedule)
+
+
+# ----------------------------------------------------------------------------- MEAN
+def _normalize_axes(axes, rank: int, op: str) -> tuple[int, ...]:
+    """Axes in [0, rank), sorted, duplicates dropped (as TFLite resolves them)."""
+    norm = set()
+    for a in axes:
+        if not -rank <= int(a) < rank:
+            raise ValueError(f"{op}: axis {a} is not an axis of a rank-{rank} tensor")
+        norm.add(int(a) % rank)
+    if not norm:
+        raise ValueError(f"{op}: no axis to reduce")
+    return tuple(sorted(norm))
+
+
+def mean_func(in_shape, axes, keepdims: bool, in_q, out_q, dtype: str = "int8", *,
+              schedule: bool = True):
+    """TFLite's 8-bit MEAN over ``axes`` as a PrimFunc ``(x, out)``; the output has the
+    reduced axes as 1 (``keepdims``) or removed. MobileNet's global average pool is
+    axes (1, 2) of NHWC, keep_dims true; Keras' GlobalAveragePooling2D gives false."""
+    from tvm import te
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    in_shape = tuple(int(n) for n in in_shape)
+    axes = _normalize_axes(axes, len(in_shape), "MEAN")
+    count = int(np.prod([in_shape[a] for a in axes]))
+    p = mean_params(count, in_q, out_q, dtype)
+    info = np.iinfo(dtype)
+    kept = [d for d in range(len(in_shape)) if d not in axes]
+    x = te.placeholder(in_shape, dtype, "x")
+    rax = {a: te.reduce_axis((0, in_shape[a]), f"r{a}") for a in axes}
+
+    def total(*k):
+        where = dict(zip(kept, k))
+        idx = tuple(where[d] if d in where else rax[d] for d in range(len(in_shape)))
+        return te.sum(x[idx].astype("int32"), axis=list(rax.values()))
+
+    sums = te.compute(tuple(in_shape[d] for d in kept), total, name="sum")
+    out_shape = tuple(1 if d in axes else n for d, n in enumerate(in_shape)) if keepdims \
+        else tuple(in_shape[d] for d in kept)
+
+    def element(*o):
+        k = [o[d] for d in kept] if keepdims else list(o)
+        shifted = sums[tuple(k)] - p.in_zp * count  # sum of (x - zp_in); fits int32
+        r = qmuls(shifted, p.multiplier, Q31, p.shift) + p.out_zp
+        return _clamp_cast(r, int(info.min), int(info.max), dtype)
+
+    out = te.compute(out_shape, element, name="mean")
+    last_kept = bool(kept) and kept[-1] == len(in_shape) - 1
+    return _finish((x, out), schedule, lambda f: _schedule_mean(f, last_kept))
+
+
+def _schedule_mean(func, channels_kept: bool):
+    """``sum`` computed per vector of channels right where ``mean`` needs it::
+
+        for outer (the kept axes but the channels, fused, parallel):
+          for c in channel_block (vectorized): sum[c] = 0
+          for reduced axes: for c (vectorized): sum[c] += x[..., c]
+          for c (vectorized): mean[c] = clamp(qmuls(sum[c] - zp_in * n) + zp_out)
+
+    Without a kept channel axis (the last axis reduced) the loops stay in order.
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    if not channels_kept:
+        return sch.mod["main"]
+    loops = sch.get_loops(sch.get_sblock("mean"))  # [..., c], unit loops for keep_dims
+    co, ci = sch.split(loops[-1], [None, channel_block(int(sch.get(loops[-1]).extent))])
+    outer = sch.fuse(*loops[:-1], co)
+    if int(sch.get(outer).extent) > 1:
+        sch.parallel(outer)
+    _reduce_at(sch, sch.get_sblock("sum"), outer)
+    sch.vectorize(ci)
+    return sch.mod["main"]
+
+
+def _reduce_at(sch, block, loop):
+    """Compute reduction ``block`` under ``loop`` (of its consumer) with the reduction loops
+    outside and its channel loop innermost and vectorized::
+
+        for reduction loops: for channels (vectorized): acc = (first ? 0 : acc) + ...
+
+    The init stays in the block (its test is on the outer loops, so the vector loop keeps
+    one branch per reduction step): TVM vectorizes a reduction block only with its init.
+    """
+    sch.compute_at(block, loop, preserve_unit_loops=True)
+    n_red = sum(1 for iv in sch.get(block).iter_vars if iv.iter_type == iv.CommReduce)
+    loops = sch.get_loops(block)
+    channel, red = loops[-1 - n_red], loops[-n_red:]
+    sch.reorder(*red, channel)
+    sch.vectorize(channel)
+
+
+# ----------------------------------------------------------------------------- AVERAGE_POOL_2D
+def _rounded_average(acc, count, count_max: int):
+    """TFLite's ``acc > 0 ? (acc + count/2) / count : (acc - count/2) / count`` (C division)
+    without a division: ``sign(acc) * qmuls(|acc|, R, 31, 1)`` with ``R = ceil(2**30 / count)``.
+
+    Why it is exact. TFLite's magnitude ``floor((u + floor(count/2)) / count)``, u = |acc|,
+    is u / count rounded half up (for odd counts u / count is never a tie). The qmuls is
+    ``SRDHM(2u, R) = floor(u * R / 2**30 + 1/2)``. Write ``R * count = 2**30 + r`` with
+    0 <= r < count: ``u * R / 2**30 = u / count + d``, ``d = u * r / (count * 2**30)``.
+    ``u / count + 1/2`` is a multiple of 1/(2 count), so adding d does not change its floor
+    as long as d < 1/(2 count), i.e. ``u * r < 2**29``. With 8-bit inputs u <= 255 * count,
+    so ``count <= 1024`` (``POOL_MAX_WINDOW``) is enough. One scalar R per output pixel
+    (a constant when no window crosses the border); the rest is sqrdmulh on int32 lanes.
+    """
+    from tvm import tirx
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    if count_max > POOL_MAX_WINDOW:
+        raise ValueError(f"AVERAGE_POOL_2D: a {count_max}-pixel window is larger than "
+                         f"{POOL_MAX_WINDOW}, where the division by multiplication is exact")
+    one = 1 << POOL_RECIPROCAL_BITS
+    recip = (one + count - 1) // count  # ceil(2**30 / count), Q0.30
+    # qmuls reads R as Q0.31, so R / 2 really: the left shift by 1 makes up for it
+    q = qmuls(tirx.abs(acc), recip, Q31, Q31 - POOL_RECIPROCAL_BITS)
+    return tirx.Select(acc > 0, q, -q)
+
+
+def avg_pool_func(in_shape, pool, strides, padding, act_range=None, dtype: str = "int8", *,
+                  schedule: bool = True):
+    """TFLite's 8-bit AVERAGE_POOL_2D of an NHWC tensor as a PrimFunc ``(x, out)``.
+
+    ``pool`` = (kh, kw), ``strides`` = (sh, sw), ``padding`` = (top, left, bottom, right)
+    (``window.same_padding`` for SAME, zeros for VALID), ``act_range`` = the fused
+    activation's (lo, hi) or None. Input and output share their quantization (TFLite's
+    requirement), so no quantization parameter is needed.
+    """
+    from tvm import te, tirx
+
+    from .window import output_size
+
+    info = _dtype(dtype, "AVERAGE_POOL_2D")
+    lo, hi = _act_range(act_range, info, "AVERAGE_POOL_2D")
+    if len(in_shape) != 4:
+        raise ValueError(f"AVERAGE_POOL_2D: the input must be NHWC, got shape {tuple(in_shape)}")
+    n, h, w, c = (int(v) for v in in_shape)
+    (kh, kw), (sh, sw) = pool, strides
+    pt, pl, pb, pr = padding
+    oh, ow = output_size(h, kh, sh, 1, pt, pb), output_size(w, kw, sw, 1, pl, pr)
+    if oh < 1 or ow < 1:
+        raise ValueError(f"AVERAGE_POOL_2D: {in_shape} with pool {pool}, strides {strides}, "
+                         f"padding {padding} has an empty output")
+
+    def extent(o, stride, k, pad, size):  # input pixels of window o along one axis
+        start = o * stride - pad
+        return min(start + k, size) - max(start, 0)
+
+    if min(extent(o, sh, kh, pt, h) for o in range(oh)) < 1 or \
+            min(extent(o, sw, kw, pl, w) for o in range(ow)) < 1:
+        raise ValueError(f"AVERAGE_POOL_2D: padding {padding} leaves a window with no input "
+                         "pixel (TFLite fails on it)")
+    # Which borders a window can cross: only those get a bounds test.
+    top, left = pt > 0, pl > 0
+    bottom, right = (oh - 1) * sh - pt + kh > h, (ow - 1) * sw - pl + kw > w
+    x = te.placeholder((n, h, w, c), dtype, "x")
+    ky, kx = te.reduce_axis((0, kh), "ky"), te.reduce_axis((0, kw), "kx")
+
+    def window_sum(b, y, xo, ch):
+        iy, ix = y * sh + ky - pt, xo * sw + kx - pl
+        tests = ([iy >= 0] if top else []) + ([iy < h] if bottom else []) + \
+            ([ix >= 0] if left else []) + ([ix < w] if right else [])
+        v = x[b, iy, ix, ch].astype("int32")
+        if tests:  # if_then_else does not read the input outside the test
+            v = tirx.if_then_else(tirx.all(*tests), v, tirx.const(0, "int32"))
+        return te.sum(v, axis=[ky, kx])
+
+    acc = te.compute((n, oh, ow, c), window_sum, name="acc")
+
+    def count_along(o, stride, k, pad, size, before, after):
+        start = o * stride - pad
+        end = tirx.min(start + k, size) if after else start + k
+        return end - (tirx.max(start, 0) if before else start)
+
+    def element(b, y, xo, ch):
+        if top or bottom or left or right:
+            count = (count_along(y, sh, kh, pt, h, top, bottom)
+                     * count_along(xo, sw, kw, pl, w, left, right))
+        else:
+            count = kh * kw
+        return _clamp_cast(_rounded_average(acc[b, y, xo, ch], count, kh * kw), lo, hi, dtype)
+
+    out = te.compute((n, oh, ow, c), element, name="avg_pool")
+    return _finish((x, out), schedule, _schedule_pool)
+
+
+def _schedule_pool(func):
+    """Rows in parallel; per output pixel and vector of channels, the window sum in
+    registers (taps outside, channels vectorized), then the rounded average::
+
+        for n, oh (fused, parallel): for ow: for channel vectors:
+          for ky, kx: for c (vectorized): acc[c] = (first ? 0 : acc[c]) + x[n, ih, iw, c]
+          for c (vectorized): out[c] = clamp(sign(acc) * qmuls(|acc|, R, 31, 1))
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    b, y, xo, ch = sch.get_loops(sch.get_sblock("avg_pool"))
+    co, ci = sch.split(ch, [None, channel_block(int(sch.get(ch).extent))])
+    rows = sch.fuse(b, y)
+    if int(sch.get(rows).extent) > 1:
+        sch.parallel(rows)
+    _reduce_at(sch, sch.get_sblock("acc"), co)
+    sch.vectorize(ci)
+    return sch.mod["main"]
+
+
+# ----------------------------------------------------------------------------- SOFTMAX
+def _srdhm(a, b):
+    """gemmlowp's SaturatingRoundingDoublingHighMul: qmuls with no shift (one sqrdmulh)."""
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    return qmuls(a, b, Q31, 0)
+
+
+def _saturating_shl(v, k: int):
+    """gemmlowp's SaturatingRoundingMultiplyByPOT<k> for k > 0: v << k, saturated to int32."""
+    from tvm import tirx
+
+    limit = (1 << (Q31 - k)) - 1
+    # The tests are on int64: TVM's simplifier moves constants across int32 comparisons
+    # (x + c < -limit into x < -limit - c) and can build a literal past int32.
+    wide = v.astype("int64")
+    return tirx.Select(wide > limit, tirx.const(INT32_MAX, "int32"),
+                       tirx.Select(wide < -limit, tirx.const(INT32_MIN, "int32"), v << k))
+
+
+RECIPROCAL_STAGES = ("reciprocal",) + tuple(f"newton{i}" for i in range(NEWTON_STEPS, -1, -1)) \
+    + ("half_denominator",)  # the per-row blocks of _reciprocal, consumers first
+
+
+def _reciprocal(total, rows):
+    """TFLite's GetReciprocal(total, 12) per row: with ``z`` the leading zeros of the Q12.19
+    sum, gemmlowp's one_over_one_plus_x_for_x_in_0_1 of the sum normalized to [1, 2), in
+    Q0.31. Scalar int32 arithmetic, once per row, products by sqrdmulh (``_srdhm``). Each
+    Newton-Raphson step is a block of its own (``newton<i>``, one int32 per row): a step
+    uses its input three times, so one expression would grow exponentially."""
+    from tvm import te, tirx
+
+    def half_denominator(*r):
+        t = total[r].asobject()
+        # (t << z) - 1.0: the fraction below the leading one, Q0.31 (int64: no overflow);
+        # RoundingHalfSum(frac, 1.0) = (frac + 2**31) / 2 (frac >= 0): half of 1 + frac
+        frac = (t.astype("int64") << tirx.clz(t).astype("int64")) - (1 << Q31)
+        return ((frac + (1 << Q31)) >> 1).astype("int32")
+
+    half = te.compute(rows, half_denominator, name="half_denominator")
+    x = te.compute(rows, lambda *r: NEWTON_48_OVER_17
+                   + _srdhm(half[r].asobject(), NEWTON_NEG_32_OVER_17), name="newton0")  # Q2.29
+
+    def step(previous):  # x += x * (1 - half * x), Q2.29
+        def element(*r):
+            xr, hr = previous[r].asobject(), half[r].asobject()
+            return xr + _saturating_shl(_srdhm(xr, Q2_29_ONE - _srdhm(hr, xr)), 2)
+
+        return element
+
+    for i in range(1, NEWTON_STEPS + 1):
+        x = te.compute(rows, step(x), name=f"newton{i}")
+    # x ~ 1 / half in Q2.29, i.e. 1 / (2 * half) = 1 / (1 + frac) in Q1.30: to Q0.31
+    return te.compute(rows, lambda *r: _saturating_shl(x[r].asobject(), 1), name="reciprocal")
+
+
+def softmax_func(shape, in_q, beta: float = 1.0, dtype: str = "int8", *,
+                 schedule: bool = True):
+    """TFLite's 8-bit SOFTMAX over the last axis as a PrimFunc ``(x, exp_table, out)``;
+    returns ``(func, exp_table)``, the int32[256] table to pass (``softmax_exp_table``).
+
+    The output quantization is TFLite's fixed one for 8-bit softmax (scale 1/256, zero
+    point -128 for int8, 0 for uint8), so only the input's scale and ``beta`` matter.
+    Exact as long as TFLite's own arithmetic is defined: it aborts on rows whose sum of
+    exponentials reaches 2**28 (about 512 elements tied at the maximum); there this
+    kernel shifts by 31 where TFLite would need more.
+    """
+    from tvm import te, tirx
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    info = _dtype(dtype, "SOFTMAX")
+    p = softmax_params(in_q, beta, dtype)
+    table_np = softmax_exp_table(p)
+    shape = tuple(int(v) for v in shape)
+    depth = shape[-1]
+    rows = shape[:-1] if len(shape) > 1 else (1,)
+    row = (lambda r: tuple(r)) if len(shape) > 1 else (lambda r: ())
+    x = te.placeholder(shape, dtype, "x")
+    table = te.placeholder((SOFTMAX_TABLE_SIZE,), "int32", "exp_table")
+    k_max, k_sum = te.reduce_axis((0, depth), "k"), te.reduce_axis((0, depth), "k")
+    row_max = te.compute(rows, lambda *r: te.max(x[row(r) + (k_max,)], axis=k_max),
+                         name="row_max")
+
+    def exp_of(r, c):  # E(x - max) from the table, indexed by max - x in [0, 255]
+        return table[row_max[r].astype("int32") - x[row(r) + (c,)].astype("int32")].asobject()
+
+    def rescale_to_sum(e):  # Q0.31 -> Q12.19: RoundingDivideByPOT(e, 12) of e >= 0
+        s = SOFTMAX_SUM_INTEGER_BITS
+        return (e >> s) + ((e >> (s - 1)) & 1)
+
+    total = te.compute(rows, lambda *r: te.sum(rescale_to_sum(exp_of(r, k_sum)), axis=k_sum),
+                       name="sum_of_exps")
+    recip = _reciprocal(total, rows)
+    out_bits = 8 * np.dtype(dtype).itemsize
+    # the right shift: num_bits_over_unit + 31 - out_bits = (12 - z) + 31 - out_bits
+    right = SOFTMAX_SUM_INTEGER_BITS + Q31 - out_bits
+    shift = te.compute(rows, lambda *r: tirx.max(tirx.clz(total[r].asobject()) - right,
+                                                 MIN_SHIFT),
+                       name="shift")
+
+    def element(*i):
+        r = i[:-1] if len(shape) > 1 else (0,)
+        v = qmuls(exp_of(r, i[-1]), recip[r].asobject(), Q31, shift[r].asobject())
+        v = v + int(info.min)
+        return _clamp_cast(v, int(info.min), int(info.max), dtype)
+
+    out = te.compute(shape, element, name="softmax")
+    return _finish((x, table, out), schedule, _schedule_softmax), table_np
+
+
+def _schedule_softmax(func):
+    """One row at a time, rows in parallel; the row's max, sum, reciprocal and shift are
+    scalars computed in the row loop, the output vectorized over the row::
+
+        for row (parallel):
+          max = max(x[row, :]); sum = sum(E(max - x) / 2**12)      (serial reductions)
+          recip, shift = reciprocal(sum)                           (scalar, once)
+          for c (vectorized): out = clamp(qmuls(E(max - x), recip, 31, shift) + min)
+    """
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    loops = sch.get_loops(sch.get_sblock("softmax"))
+    _, ci = sch.split(loops[-1], [None, channel_block(int(sch.get(loops[-1]).extent))])
+    if len(loops) > 1:  # a 1-D input is one row: its scalars stay outside the loop
+        row = sch.fuse(*loops[:-1])
+        if int(sch.get(row).extent) > 1:
+            sch.parallel(row)
+        for name in RECIPROCAL_STAGES + ("shift", "sum_of_exps", "row_max"):
+            sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
+    for name in ("sum_of_exps", "row_max"):
+        block = sch.get_sblock(name)
+        sch.decompose_reduction(block, sch.get_loops(block)[-1])
+    sch.vectorize(ci)
+    return sch.mod["main"]
