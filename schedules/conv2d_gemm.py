@@ -150,8 +150,24 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
     cvt = convert if convert is not None else (lambda v: v)
     zero = tirx.const(0, cvt(pad_value).ty.dtype)
 
+    # With whole channel blocks (cg % kr == 0) and padding, the input is first copied into
+    # a buffer with a border of pad_value (``data_padded``, one pass over the input): the
+    # im2col then moves kr-byte vectors with no bounds test, which is most of its cost
+    # otherwise (each block's test is a branch).
+    padded = None
+    if cg % kr == 0 and not s.is_pointwise and any(s.padding):
+        pb, pr = s.padding[2], s.padding[3]
+
+        def padded_element(b, y, x, c):
+            inside = tirx.all(y >= pt, y < pt + s.in_h, x >= pl, x < pl + s.in_w)
+            return tirx.if_then_else(inside, data[b, y - pt, x - pl, c], pad_value)
+
+        padded = te.compute((s.batch, s.in_h + pt + pb, s.in_w + pl + pr, s.in_c),
+                            padded_element, name="data_padded")
+
     def a_element(g, bm, bk, i, j):
         m, k = tirx.min(bm * mr + i, m_total - 1), bk * kr + j
+        k0 = bk * kr
         in_range = k < k_total
         # 1x1 stride-1 convolutions keep this pack (a plain interleaving copy, no im2col
         # gather) rather than reading the input in the K loop: every micro-kernel wants
@@ -164,7 +180,16 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
             return tirx.if_then_else(in_range, cvt(data[m // ohw, (m % ohw) // s.out_w,
                                                         m % s.out_w, g * cg + k]), zero)
         b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
-        ky, kx, c = k // (s.kw * cg), (k // cg) % s.kw, k % cg
+        if padded is not None:  # the window reads the bordered copy: no test per byte
+            ky, kx = k0 // (s.kw * cg), (k0 // cg) % s.kw
+            return cvt(padded[b, oh * sh + ky * dh, ow * sw + kx * dw, g * cg + k0 % cg + j])
+        if cg % kr == 0:
+            # A block's kr bytes are kr consecutive channels of one input pixel: say so
+            # in the index (c affine in j, the pixel independent of j), so the copy of a
+            # block vectorizes into one load and one store instead of kr gathers.
+            ky, kx, c = k0 // (s.kw * cg), (k0 // cg) % s.kw, k0 % cg + j
+        else:
+            ky, kx, c = k // (s.kw * cg), (k // cg) % s.kw, k % cg
         ih, iw = oh * sh - pt + ky * dh, ow * sw - pl + kx * dw
         inside = tirx.all(ih >= 0, ih < s.in_h, iw >= 0, iw < s.in_w)
         pixel = tirx.if_then_else(inside, data[b, ih, iw, g * cg + c], pad_value)
@@ -487,6 +512,16 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     sch.reverse_compute_at(out, mo)
     if kernel.intrin is None:
         sch.set_scope(gemm, 0, "local")  # the scalar tile can live in registers outright
+    # The pack copies kr bytes per (block row, K block): one vector (kr = 4, 8 or 16 bytes)
+    # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
+    sch.vectorize(sch.get_loops(a_packed)[-1])
+    padded = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+              if sch.get(b).name_hint == "data_padded"]
+    if padded:  # the bordered input copy: rows in parallel, channels in vectors
+        rows, channels = sch.get_loops(padded[0])[1], sch.get_loops(padded[0])[-1]
+        sch.vectorize(channels)
+        if parallel:
+            sch.parallel(rows)
     if parallel:  # before the reduction is split in init + update (parallel rejects it)
         sch.parallel(no)
         sch.parallel(sch.get_loops(a_packed)[1])
