@@ -123,15 +123,15 @@ def chart(rows: list[dict], builders: list[str], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    labels = [f"{r['model']}\n{r['isa']}" for r in rows]
+    labels = [f"{r['model']} {r['isa']}" for r in rows]
     width = 0.8 / len(builders)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(rows)), 4.5))
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.6 * len(rows)), 5.0))
     for i, b in enumerate(builders):
         ax.bar([x + i * width for x in range(len(rows))],
                [r[f"tflite_over_{b}"] for r in rows], width, label=b)
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks([x + width * (len(builders) - 1) / 2 for x in range(len(rows))], labels,
-                  fontsize=7)
+                  fontsize=7, rotation=45, ha="right")
     ax.set_ylabel("TFLite est. cycles / TVM est. cycles (above 1: TVM faster)")
     ax.set_title("Whole models, armperf estimated cycles, 1 thread")
     ax.legend()
