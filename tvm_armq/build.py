@@ -189,11 +189,13 @@ def run_on_device(session, library: str | os.PathLike, inputs: list[np.ndarray],
 
 
 def compile_and_run(model, level: str, session, inputs: list[np.ndarray] | None = None,
-                    workdir: str | os.PathLike | None = None) -> list[np.ndarray]:
-    """Compile ``model`` for ISA ``level``, run it on ``session``, return the outputs."""
+                    workdir: str | os.PathLike | None = None,
+                    report: list | None = None) -> list[np.ndarray]:
+    """Compile ``model`` for ISA ``level``, run it on ``session``, return the outputs
+    (``report`` as for ``compile_tflite``)."""
     m = TFLiteModel.load(model)
     if inputs is None:
         inputs = m.random_inputs()
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        lib = export_aarch64(compile_tflite(m, level), Path(tmp) / "model.so")
+        lib = export_aarch64(compile_tflite(m, level, report=report), Path(tmp) / "model.so")
         return run_on_device(session, lib, inputs)

@@ -58,9 +58,7 @@ def cmd_compile(a) -> int:
     except tvm.error.OpNotImplemented as e:
         raise UsageError(str(e).replace("\n", "; ")) from None
     lib = build.export_aarch64(exe, out)
-    lowered = sum(1 for r in report if not hasattr(r, "reason"))
-    print(f"wrote {lib} (aarch64, ISA level {a.isa}; {lowered} of {len(report)} quantized "
-          f"layers on tvm_armq kernels, see `inspect`)")
+    print(f"wrote {lib} (aarch64, ISA level {a.isa})\n{_kernel_summary(report)}")
     return 0
 
 
@@ -87,8 +85,7 @@ def cmd_inspect(a) -> int:
     print(f"{model.label} for {a.isa} ({build.describe_target(build.resolve_target(a.isa))}):")
     for r in report:
         print("  " + r.line())
-    lowered = sum(1 for r in report if not hasattr(r, "reason"))
-    print(f"{lowered} of {len(report)} quantized layers run tvm_armq kernels")
+    print(_kernel_summary(report))
     return 0
 
 
@@ -118,11 +115,13 @@ def cmd_run(a) -> int:
     inputs = model.random_inputs(a.seed)
     expected = model.reference_outputs(inputs)
     session, release = _session(a)
+    report: list = []
     try:
-        got = build.compile_and_run(model, a.isa, session, inputs)
+        got = build.compile_and_run(model, a.isa, session, inputs, report=report)
     finally:
         del session
         release()
+    print(_kernel_summary(report))
     worst = 0
     for i, (g, e) in enumerate(zip(got, expected)):
         diff = np.abs(g.astype(np.float64) - e.astype(np.float64))
@@ -131,6 +130,17 @@ def cmd_run(a) -> int:
               f"{diff.max():g}, {int((diff > 0).sum())}/{diff.size} elements differ")
     print(f"max abs difference against TFLite: {worst:g}")
     return 0
+
+
+def _kernel_summary(report: list) -> str:
+    """One line: how many quantized layers run tvm_armq kernels, and which kernels."""
+    kernels: dict[str, int] = {}
+    for r in report:
+        if not hasattr(r, "reason"):
+            kernels[r.kernel] = kernels.get(r.kernel, 0) + 1
+    used = ", ".join(f"{n} x {k}" for k, n in sorted(kernels.items(), key=lambda kv: -kv[1]))
+    return (f"{sum(kernels.values())} of {len(report)} quantized layers on tvm_armq kernels"
+            + (f": {used}" if used else ""))
 
 
 def cmd_device(a) -> int:
