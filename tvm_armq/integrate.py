@@ -650,24 +650,32 @@ def quantized_to_integer(target, database=None, report: list | None = None,
     ``schedule=False`` leaves the kernels unscheduled: for ``inspect``, never for a build.
     """
     import tvm
-    from tvm import relax
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.QuantizedToInteger")
     def run(mod, _ctx):
         rewriter_cls = _lowering_rewriter()
-        out = mod
-        for gv, func in list(mod.functions.items()):
-            if not isinstance(func, relax.Function):
-                continue
-            rw = rewriter_cls(out, func, target, database, tasks, schedule)
-            new = rw.visit_expr(func)
-            rw.builder_.update_func(gv, new)
-            out = rw.builder_.get()
-            if report is not None:
-                report.extend(rw.report)
-        return relax.transform.DeadCodeElimination()(out)
+        return rewrite_functions(
+            mod, lambda m, f: rewriter_cls(m, f, target, database, tasks, schedule), report)
 
     return run
+
+
+def rewrite_functions(mod, make_rewriter, report: list | None = None):
+    """``mod`` with every Relax function rewritten by ``make_rewriter(mod, func)`` (a
+    ``PyExprMutator`` that collects records in ``.report``), then the float ops the
+    rewrites left unused removed."""
+    from tvm import relax
+
+    out = mod
+    for gv, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        rw = make_rewriter(out, func)
+        rw.builder_.update_func(gv, rw.visit_expr(func))
+        out = rw.builder_.get()
+        if report is not None:
+            report.extend(rw.report)
+    return relax.transform.DeadCodeElimination()(out)
 
 
 def gemm_tasks(model, target) -> list:

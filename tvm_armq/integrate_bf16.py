@@ -38,7 +38,7 @@ import dataclasses
 
 import numpy as np
 
-from .integrate import Fallback, Lowered, _Graph, _dtype, _shape
+from .integrate import Fallback, Lowered, _Graph, _dtype, _shape, rewrite_functions
 
 FLOAT = "float32"
 OP = "conv2d_bf16"
@@ -281,7 +281,6 @@ def float_to_bf16(target, report: list | None = None, *, schedule: bool = True):
     once when ``target`` lacks the BF16 extension.
     """
     import tvm
-    from tvm import relax
 
     from .build import resolve_target
 
@@ -291,16 +290,7 @@ def float_to_bf16(target, report: list | None = None, *, schedule: bool = True):
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.FloatToBf16")
     def run(mod, _ctx):
         rewriter_cls = _bf16_rewriter()
-        out = mod
-        for gv, func in list(mod.functions.items()):
-            if not isinstance(func, relax.Function):
-                continue
-            rw = rewriter_cls(out, func, target, schedule)
-            new = rw.visit_expr(func)
-            rw.builder_.update_func(gv, new)
-            out = rw.builder_.get()
-            if report is not None:
-                report.extend(rw.report)
-        return relax.transform.DeadCodeElimination()(out)
+        return rewrite_functions(mod, lambda m, f: rewriter_cls(m, f, target, schedule),
+                                 report)
 
     return run
