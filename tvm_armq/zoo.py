@@ -712,37 +712,36 @@ def _representative_dataset(s: ModelSpec):
 
 def _convert(s: ModelSpec) -> bytes:
     """Build the float model of ``s`` and quantize it to int8 TFLite bytes."""
+    def quantize_int8(converter, tf):
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+        converter.representative_dataset = _representative_dataset(s)
+        converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+        converter.inference_input_type = tf.int8
+        converter.inference_output_type = tf.int8
+
+    return _keras_to_tflite(s, quantize_int8)
+
+
+def _convert_float(s: ModelSpec) -> bytes:
+    """Build the float model of ``s`` and convert it to fp32 TFLite bytes, unquantized."""
+    return _keras_to_tflite(s, lambda converter, tf: None)
+
+
+def _keras_to_tflite(s: ModelSpec, configure) -> bytes:
+    """The Keras model of ``s`` (seeded) through TFLite's converter, set up by
+    ``configure(converter, tf)``."""
     tf = _tf()
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(SEED)
     model = s.builder(np.random.RandomState(SEED))
-
     converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    converter.optimizations = [tf.lite.Optimize.DEFAULT]
-    converter.representative_dataset = _representative_dataset(s)
-    converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
-    converter.inference_input_type = tf.int8
-    converter.inference_output_type = tf.int8
-
+    configure(converter, tf)
     # from_keras_model exports a temporary SavedModel and Keras prints a summary of
     # it on stdout; keep stdout clean for callers (make_models.py prints paths).
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
         warnings.filterwarnings(
             "ignore", message="Statistics for quantized inputs were expected"
         )
-        data = converter.convert()
-    tf.keras.backend.clear_session()
-    return data
-
-
-def _convert_float(s: ModelSpec) -> bytes:
-    """Build the float model of ``s`` and convert it to fp32 TFLite bytes, unquantized."""
-    tf = _tf()
-    tf.keras.backend.clear_session()
-    tf.keras.utils.set_random_seed(SEED)
-    model = s.builder(np.random.RandomState(SEED))
-    converter = tf.lite.TFLiteConverter.from_keras_model(model)
-    with contextlib.redirect_stdout(io.StringIO()):  # see _convert
         data = converter.convert()
     tf.keras.backend.clear_session()
     return data
