@@ -75,6 +75,34 @@ def devices():
     ds.stop_all()
 
 
+@pytest.fixture(scope="session")
+def run_funcs(devices):
+    """``run_funcs(level, funcs, calls, path)``: compile ``funcs`` (name -> PrimFunc) as one
+    module for the level, upload it once to the level's device and run every
+    (name, args, out_shape, out_dtype) of ``calls`` (the output is the last parameter);
+    returns (the module's asm, [outputs])."""
+    import numpy as np
+    import tvm
+
+    from tvm_armq import build
+
+    def run(level, funcs, calls, path):
+        named = {name: f.with_attr("global_symbol", name) for name, f in funcs.items()}
+        ex = tvm.compile(tvm.IRModule(named), target=build.resolve_target(level))
+        lib = build.export_aarch64(ex, path)
+        sess = devices.session(level)
+        sess.upload(str(lib))
+        rlib, dev = sess.load_module(lib.name), sess.cpu(0)
+        outs = []
+        for name, args, shape, dtype in calls:
+            out = tvm.runtime.tensor(np.zeros(shape, dtype), dev)
+            rlib[name](*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in args], out)
+            outs.append(out.numpy())
+        return ex.mod.inspect_source("asm"), outs
+
+    return run
+
+
 @pytest.fixture(params=list(LEVELS))
 def level(request) -> str:
     """Each ISA level in turn."""

@@ -140,29 +140,9 @@ def _pair_sums(case: Case, data, weight):
     return np.stack(products[0::2]) + np.stack(products[1::2])
 
 
-def _func(shape, name, **quant):
+def _func(shape, **quant):
     f = dw.depthwise_func(shape, **quant)
-    return dw.schedule_depthwise(f, shape).with_attr("global_symbol", name)
-
-
-def _run(devices, level, funcs, datasets, tmp_path):
-    """Compile ``funcs`` (name -> PrimFunc) as one module for ``level``, upload it once,
-    run every (name, args, expected shape); returns the module's asm and the outputs."""
-    import tvm
-
-    target = build.resolve_target(level)
-    ex = tvm.compile(tvm.IRModule(funcs), target=target)
-    lib = build.export_aarch64(ex, tmp_path / "depthwise.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
-    outs = []
-    for name, args, out_shape in datasets:
-        out = tvm.runtime.tensor(np.zeros(out_shape, np.int8), dev)
-        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
-        outs.append(out.numpy())
-    return ex.mod.inspect_source("asm"), outs
+    return dw.schedule_depthwise(f, shape)
 
 
 # ------------------------------------------------------------------ host-side checks
@@ -249,18 +229,18 @@ _VECTOR_ASM = {  # instruction -> operand arrangement: each must appear in vecto
 }
 
 
-def test_depthwise_on_device(devices, level, tmp_path, report):
+def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     """Every case, bit-exact, with the widening multiply-accumulates and the qmuls
     sequence in NEON vector form in the compiled module."""
     funcs, datasets, expected = {}, [], []
     for i, case in enumerate(CASES):
-        funcs[case.name] = _func(case.shape, case.name, in_zp=case.in_zp, out_zp=case.out_zp,
+        funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
                                  left_shifts=case.left_shifts)
         args, exp = _case_data(case, i)
-        datasets.append((case.name, args, exp.shape))
+        datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
-    asm, outs = _run(devices, level, funcs, datasets, tmp_path)
+    asm, outs = run_funcs(level, funcs, datasets, tmp_path / "depthwise.so")
     for ins, operands in _VECTOR_ASM.items():
         assert re.search(rf"\b{ins}2?\s+v\d+{operands}", asm), f"no vector {ins} at {level}"
     for case, got, exp in zip(CASES, outs, expected):
@@ -280,7 +260,7 @@ def test_inner_loop_is_vectorized():
     import tvm
 
     def hot_loops(**kw):
-        f = _func(S(1, 12, 12, 16, padding=(1, 1, 1, 1)), "dw", in_zp=3, out_zp=-1, **kw)
+        f = _func(S(1, 12, 12, 16, padding=(1, 1, 1, 1)), in_zp=3, out_zp=-1, **kw)
         asm = tvm.compile(tvm.IRModule({"dw": f}), target=build.resolve_target("dotprod")
                           ).mod.inspect_source("asm")
         return [body for body in _innermost_loops(asm) if "smull" in body]
@@ -335,7 +315,7 @@ def _tflite_layer(path):
                 in_zp=layer.in_zp, out_zp=layer.out_zp, act_range=layer.act_range)
 
 
-def test_depthwise_matches_tflite(devices, level, zoo_model, tmp_path, report):
+def test_depthwise_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
     """The zoo's DEPTHWISE_CONV_2D models (3x3 SAME + ReLU; 3x3 SAME stride 2 + ReLU6)
     through this kernel on the device equal TFLite's reference kernels, bit for bit."""
     from tvm_armq.tflite_model import TFLiteModel
@@ -352,14 +332,14 @@ def test_depthwise_matches_tflite(devices, level, zoo_model, tmp_path, report):
         # compiler picks when every shift is <= 0 (true for these layers).
         for left in (True, False) if not (layer["shift"] > 0).any() else (True,):
             sym = f"{name}_{'lshift' if left else 'rshift'}"
-            funcs[sym] = _func(s, sym, in_zp=layer["in_zp"], out_zp=layer["out_zp"],
+            funcs[sym] = _func(s, in_zp=layer["in_zp"], out_zp=layer["out_zp"],
                                act_range=layer["act_range"], left_shifts=left)
             params = dw.pack_params(layer["weight"], layer["bias"], layer["mult"],
                                     layer["shift"], s, in_zp=layer["in_zp"], left_shifts=left)
             for seed, (x, y) in enumerate(zip(inputs, refs)):
-                datasets.append((sym, [x] + params, y.shape))
+                datasets.append((sym, [x] + params, y.shape, np.int8))
                 expected.append((f"{sym} seed {seed}", y))
-    _, outs = _run(devices, level, funcs, datasets, tmp_path)
+    _, outs = run_funcs(level, funcs, datasets, tmp_path / "depthwise.so")
     for (what, y), got in zip(expected, outs):
         assert len(np.unique(y)) > 8
         np.testing.assert_array_equal(got, y, err_msg=f"{what} at {level}")

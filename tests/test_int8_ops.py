@@ -571,27 +571,6 @@ def test_errors_name_the_op():
 
 
 # ------------------------------------------------------------------------------ on device
-def _run(devices, level, funcs, calls, tmp_path):
-    """Compile ``funcs`` (name -> PrimFunc) as one module for ``level``, upload it once and
-    run each (name, args, out_shape, out_dtype) of ``calls``; returns (asm, outputs)."""
-    import tvm
-
-    target = build.resolve_target(level)
-    named = {name: f.with_attr("global_symbol", name) for name, f in funcs.items()}
-    ex = tvm.compile(tvm.IRModule(named), target=target)
-    lib = build.export_aarch64(ex, tmp_path / "int8_ops.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
-    outs = []
-    for name, args, shape, dtype in calls:
-        out = tvm.runtime.tensor(np.zeros(shape, dtype), dev)
-        rlib[name](*[tvm.runtime.tensor(np.ascontiguousarray(a), dev) for a in args], out)
-        outs.append(out.numpy())
-    return ex.mod.inspect_source("asm"), outs
-
-
 def _zoo_op(path, op_name: str):
     """The operators ``op_name`` of a .tflite file: for each, its inputs and outputs as
     dicts (tensor index, shape, dtype, (scale, zero point) or None, constant data or None)
@@ -711,7 +690,7 @@ _VECTOR_ASM = {  # each must appear in NEON vector form somewhere in the module
 
 
 @pytest.mark.parametrize("level", DEVICE_LEVELS)
-def test_int8_ops_on_device(devices, level, zoo_model, tmp_path, report):
+def test_int8_ops_on_device(run_funcs, level, zoo_model, tmp_path, report):
     """Every case and every zoo operator, one module, one session: bit-exact with the
     NumPy reference (= TFLite, ``test_cases_reference_matches_tflite``) and with TFLite's
     outputs on the zoo models; the requantization in NEON vector form."""
@@ -725,7 +704,7 @@ def test_int8_ops_on_device(devices, level, zoo_model, tmp_path, report):
         funcs[name] = func
         calls.append((name, args, exp.shape, exp.dtype))
         expected.append((label, exp))
-    asm, outs = _run(devices, level, funcs, calls, tmp_path)
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "int8_ops.so")
     for ins, operands in _VECTOR_ASM.items():
         assert re.search(rf"\b{ins}2?\s+{operands}", asm), f"no vector {ins} at {level}"
     for (name, exp), got in zip(expected, outs):
