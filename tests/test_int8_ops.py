@@ -5,8 +5,8 @@ Three layers of evidence:
 
 1. Host: the NumPy references (``schedules.reference``) with the Prepare parameters of
    ``int8_ops.*_params`` equal TFLite's ``BUILTIN_REF`` kernels on single-op models written
-   here with the ``tflite`` package's flatbuffer builder (``_single_op_model``), so that
-   any scale, zero point, shape, keep_dims or activation can be tried. A seeded random
+   with the ``tflite`` package's flatbuffer builder (``tflite_writer.single_op_model``), so
+   that any scale, zero point, shape, keep_dims or activation can be tried. A seeded random
    sweep of ~160 models covers shifts both ways, zero points across the range,
    broadcasting, int8 and uint8.
 2. Device, per ISA level (neon and i8mm): every case of ``CASES`` built into one module,
@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from tvm_armq import build
+from tvm_armq.tflite_writer import single_op_model
 from tvm_armq.schedules import int8_ops as ops
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.window import same_padding
@@ -46,99 +47,6 @@ SOFTMAX_OUT_ZP = {"int8": -128, "uint8": 0}
 
 
 # ----------------------------------------------------------------- single-op .tflite models
-def _vector(builder, start, values, prepend):
-    start(builder, len(values))
-    for v in reversed(values):
-        prepend(v)
-    return builder.EndVector()
-
-
-def _single_op_model(op: int, tensors, inputs, outputs, options=None, version: int = 2) -> bytes:
-    """A .tflite flatbuffer with one operator ``op`` (a ``tflite.BuiltinOperator``).
-
-    ``tensors``: dicts with ``shape``, ``dtype`` and optionally ``q`` = (scale, zero point)
-    and ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
-    ``options``: (``tflite.BuiltinOptions`` type, function(builder) -> offset) or None.
-    Non-constant inputs become the model's inputs, in order."""
-    import flatbuffers
-    import tflite
-
-    types = {"int8": tflite.TensorType.INT8, "uint8": tflite.TensorType.UINT8,
-             "int32": tflite.TensorType.INT32}
-    b = flatbuffers.Builder(1024)
-    tflite.BufferStart(b)
-    buffers, tensor_buffer = [tflite.BufferEnd(b)], []  # buffer 0: empty, by convention
-    for t in tensors:
-        if t.get("data") is None:
-            tensor_buffer.append(0)
-            continue
-        data = b.CreateByteVector(np.ascontiguousarray(t["data"]).tobytes())
-        tflite.BufferStart(b)
-        tflite.BufferAddData(b, data)
-        buffers.append(tflite.BufferEnd(b))
-        tensor_buffer.append(len(buffers) - 1)
-    offsets = []
-    for i, t in enumerate(tensors):
-        name = b.CreateString(f"t{i}")
-        shape = _vector(b, tflite.TensorStartShapeVector, list(t["shape"]), b.PrependInt32)
-        quant = None
-        if t.get("q") is not None:
-            scale = _vector(b, tflite.QuantizationParametersStartScaleVector,
-                            [float(t["q"][0])], b.PrependFloat32)
-            zp = _vector(b, tflite.QuantizationParametersStartZeroPointVector,
-                         [int(t["q"][1])], b.PrependInt64)
-            tflite.QuantizationParametersStart(b)
-            tflite.QuantizationParametersAddScale(b, scale)
-            tflite.QuantizationParametersAddZeroPoint(b, zp)
-            quant = tflite.QuantizationParametersEnd(b)
-        tflite.TensorStart(b)
-        tflite.TensorAddShape(b, shape)
-        tflite.TensorAddType(b, types[t["dtype"]])
-        tflite.TensorAddBuffer(b, tensor_buffer[i])
-        tflite.TensorAddName(b, name)
-        if quant is not None:
-            tflite.TensorAddQuantization(b, quant)
-        offsets.append(tflite.TensorEnd(b))
-    opts = options[1](b) if options else None
-    op_in = _vector(b, tflite.OperatorStartInputsVector, list(inputs), b.PrependInt32)
-    op_out = _vector(b, tflite.OperatorStartOutputsVector, list(outputs), b.PrependInt32)
-    tflite.OperatorStart(b)
-    tflite.OperatorAddOpcodeIndex(b, 0)
-    tflite.OperatorAddInputs(b, op_in)
-    tflite.OperatorAddOutputs(b, op_out)
-    if opts is not None:
-        tflite.OperatorAddBuiltinOptionsType(b, options[0])
-        tflite.OperatorAddBuiltinOptions(b, opts)
-    operator = tflite.OperatorEnd(b)
-    graph_inputs = [i for i in inputs if tensors[i].get("data") is None]
-    tens = _vector(b, tflite.SubGraphStartTensorsVector, offsets, b.PrependUOffsetTRelative)
-    g_in = _vector(b, tflite.SubGraphStartInputsVector, graph_inputs, b.PrependInt32)
-    g_out = _vector(b, tflite.SubGraphStartOutputsVector, list(outputs), b.PrependInt32)
-    g_ops = _vector(b, tflite.SubGraphStartOperatorsVector, [operator],
-                    b.PrependUOffsetTRelative)
-    tflite.SubGraphStart(b)
-    tflite.SubGraphAddTensors(b, tens)
-    tflite.SubGraphAddInputs(b, g_in)
-    tflite.SubGraphAddOutputs(b, g_out)
-    tflite.SubGraphAddOperators(b, g_ops)
-    graph = tflite.SubGraphEnd(b)
-    tflite.OperatorCodeStart(b)
-    tflite.OperatorCodeAddBuiltinCode(b, op)
-    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(op, 127))  # the pre-2.4 field
-    tflite.OperatorCodeAddVersion(b, version)
-    code = tflite.OperatorCodeEnd(b)
-    codes = _vector(b, tflite.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
-    graphs = _vector(b, tflite.ModelStartSubgraphsVector, [graph], b.PrependUOffsetTRelative)
-    bufs = _vector(b, tflite.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
-    tflite.ModelStart(b)
-    tflite.ModelAddVersion(b, 3)  # the schema version TFLite reads
-    tflite.ModelAddOperatorCodes(b, codes)
-    tflite.ModelAddSubgraphs(b, graphs)
-    tflite.ModelAddBuffers(b, bufs)
-    b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
-    return bytes(b.Output())
-
-
 def _activation_options(start, add_act, end, act):
     def build_options(b):
         start(b)
@@ -157,7 +65,7 @@ def _binary_model(op_name: str, a_shape, b_shape, a_q, b_q, out_q, act, dtype) -
     out_shape = np.broadcast_shapes(tuple(a_shape), tuple(b_shape))
     tensors = [dict(shape=a_shape, dtype=dtype, q=a_q), dict(shape=b_shape, dtype=dtype, q=b_q),
                dict(shape=out_shape, dtype=dtype, q=out_q)]
-    return _single_op_model(getattr(tflite.BuiltinOperator, op_name), tensors, [0, 1], [2],
+    return single_op_model(getattr(tflite.BuiltinOperator, op_name), tensors, [0, 1], [2],
                             (getattr(tflite.BuiltinOptions, opt), options))
 
 
@@ -173,7 +81,7 @@ def _mean_model(shape, axes, keepdims, in_q, out_q, dtype) -> bytes:
     tensors = [dict(shape=shape, dtype=dtype, q=in_q),
                dict(shape=(len(axes),), dtype="int32", data=np.array(axes, np.int32)),
                dict(shape=out_shape, dtype=dtype, q=out_q)]
-    return _single_op_model(tflite.BuiltinOperator.MEAN, tensors, [0, 1], [2],
+    return single_op_model(tflite.BuiltinOperator.MEAN, tensors, [0, 1], [2],
                             (tflite.BuiltinOptions.ReducerOptions, options))
 
 
@@ -193,7 +101,7 @@ def _pool_model(shape, pool, strides, same: bool, q, act, dtype) -> bytes:
     pad = _pool_padding(shape, pool, strides, same)
     out_shape = ref.average_pool(np.zeros(shape, np.int8), pool, strides, pad, (0, 0)).shape
     tensors = [dict(shape=shape, dtype=dtype, q=q), dict(shape=out_shape, dtype=dtype, q=q)]
-    return _single_op_model(tflite.BuiltinOperator.AVERAGE_POOL_2D, tensors, [0], [1],
+    return single_op_model(tflite.BuiltinOperator.AVERAGE_POOL_2D, tensors, [0], [1],
                             (tflite.BuiltinOptions.Pool2DOptions, options))
 
 
@@ -202,7 +110,7 @@ def _quantize_model(shape, in_q, out_q, in_dtype, out_dtype) -> bytes:
 
     tensors = [dict(shape=shape, dtype=in_dtype, q=in_q),
                dict(shape=shape, dtype=out_dtype, q=out_q)]
-    return _single_op_model(tflite.BuiltinOperator.QUANTIZE, tensors, [0], [1])
+    return single_op_model(tflite.BuiltinOperator.QUANTIZE, tensors, [0], [1])
 
 
 def _softmax_model(shape, in_q, beta, dtype) -> bytes:
@@ -215,7 +123,7 @@ def _softmax_model(shape, in_q, beta, dtype) -> bytes:
 
     tensors = [dict(shape=shape, dtype=dtype, q=in_q),
                dict(shape=shape, dtype=dtype, q=(SOFTMAX_OUT_SCALE, SOFTMAX_OUT_ZP[dtype]))]
-    return _single_op_model(tflite.BuiltinOperator.SOFTMAX, tensors, [0], [1],
+    return single_op_model(tflite.BuiltinOperator.SOFTMAX, tensors, [0], [1],
                             (tflite.BuiltinOptions.SoftmaxOptions, options))
 
 

@@ -1,0 +1,104 @@
+"""Write single-operator .tflite files directly, for what TensorFlow's converter cannot make.
+
+The zoo (``zoo.py``) builds its models with TensorFlow's converter, which today emits
+int8 only. Legacy uint8 models (asymmetric weights) and exact quantization parameters
+chosen by a test need the flatbuffer written by hand: ``single_op_model`` does it with
+the ``tflite`` package's builders, for one operator, its tensors and its options.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def _vector(builder, start, values, prepend):
+    start(builder, len(values))
+    for v in reversed(values):
+        prepend(v)
+    return builder.EndVector()
+
+
+def single_op_model(op: int, tensors, inputs, outputs, options=None, version: int = 2) -> bytes:
+    """A .tflite flatbuffer with one operator ``op`` (a ``tflite.BuiltinOperator``).
+
+    ``tensors``: dicts with ``shape``, ``dtype`` and optionally ``q`` = (scale, zero point)
+    and ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
+    ``options``: (``tflite.BuiltinOptions`` type, function(builder) -> offset) or None.
+    Non-constant inputs become the model's inputs, in order."""
+    import flatbuffers
+    import tflite
+
+    types = {"int8": tflite.TensorType.INT8, "uint8": tflite.TensorType.UINT8,
+             "int32": tflite.TensorType.INT32}
+    b = flatbuffers.Builder(1024)
+    tflite.BufferStart(b)
+    buffers, tensor_buffer = [tflite.BufferEnd(b)], []  # buffer 0: empty, by convention
+    for t in tensors:
+        if t.get("data") is None:
+            tensor_buffer.append(0)
+            continue
+        data = b.CreateByteVector(np.ascontiguousarray(t["data"]).tobytes())
+        tflite.BufferStart(b)
+        tflite.BufferAddData(b, data)
+        buffers.append(tflite.BufferEnd(b))
+        tensor_buffer.append(len(buffers) - 1)
+    offsets = []
+    for i, t in enumerate(tensors):
+        name = b.CreateString(f"t{i}")
+        shape = _vector(b, tflite.TensorStartShapeVector, list(t["shape"]), b.PrependInt32)
+        quant = None
+        if t.get("q") is not None:
+            scale = _vector(b, tflite.QuantizationParametersStartScaleVector,
+                            [float(t["q"][0])], b.PrependFloat32)
+            zp = _vector(b, tflite.QuantizationParametersStartZeroPointVector,
+                         [int(t["q"][1])], b.PrependInt64)
+            tflite.QuantizationParametersStart(b)
+            tflite.QuantizationParametersAddScale(b, scale)
+            tflite.QuantizationParametersAddZeroPoint(b, zp)
+            quant = tflite.QuantizationParametersEnd(b)
+        tflite.TensorStart(b)
+        tflite.TensorAddShape(b, shape)
+        tflite.TensorAddType(b, types[t["dtype"]])
+        tflite.TensorAddBuffer(b, tensor_buffer[i])
+        tflite.TensorAddName(b, name)
+        if quant is not None:
+            tflite.TensorAddQuantization(b, quant)
+        offsets.append(tflite.TensorEnd(b))
+    opts = options[1](b) if options else None
+    op_in = _vector(b, tflite.OperatorStartInputsVector, list(inputs), b.PrependInt32)
+    op_out = _vector(b, tflite.OperatorStartOutputsVector, list(outputs), b.PrependInt32)
+    tflite.OperatorStart(b)
+    tflite.OperatorAddOpcodeIndex(b, 0)
+    tflite.OperatorAddInputs(b, op_in)
+    tflite.OperatorAddOutputs(b, op_out)
+    if opts is not None:
+        tflite.OperatorAddBuiltinOptionsType(b, options[0])
+        tflite.OperatorAddBuiltinOptions(b, opts)
+    operator = tflite.OperatorEnd(b)
+    graph_inputs = [i for i in inputs if tensors[i].get("data") is None]
+    tens = _vector(b, tflite.SubGraphStartTensorsVector, offsets, b.PrependUOffsetTRelative)
+    g_in = _vector(b, tflite.SubGraphStartInputsVector, graph_inputs, b.PrependInt32)
+    g_out = _vector(b, tflite.SubGraphStartOutputsVector, list(outputs), b.PrependInt32)
+    g_ops = _vector(b, tflite.SubGraphStartOperatorsVector, [operator],
+                    b.PrependUOffsetTRelative)
+    tflite.SubGraphStart(b)
+    tflite.SubGraphAddTensors(b, tens)
+    tflite.SubGraphAddInputs(b, g_in)
+    tflite.SubGraphAddOutputs(b, g_out)
+    tflite.SubGraphAddOperators(b, g_ops)
+    graph = tflite.SubGraphEnd(b)
+    tflite.OperatorCodeStart(b)
+    tflite.OperatorCodeAddBuiltinCode(b, op)
+    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(op, 127))  # the pre-2.4 field
+    tflite.OperatorCodeAddVersion(b, version)
+    code = tflite.OperatorCodeEnd(b)
+    codes = _vector(b, tflite.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
+    graphs = _vector(b, tflite.ModelStartSubgraphsVector, [graph], b.PrependUOffsetTRelative)
+    bufs = _vector(b, tflite.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
+    tflite.ModelStart(b)
+    tflite.ModelAddVersion(b, 3)  # the schema version TFLite reads
+    tflite.ModelAddOperatorCodes(b, codes)
+    tflite.ModelAddSubgraphs(b, graphs)
+    tflite.ModelAddBuffers(b, bufs)
+    b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
+    return bytes(b.Output())
