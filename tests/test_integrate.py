@@ -75,3 +75,85 @@ def test_inspect_cli(zoo_model, capsys):
     with pytest.raises(SystemExit) as e:
         cli.main(["compile", str(zoo_model("logistic")), "--isa", "neon", "--strict"])
     assert e.value.code == 2
+
+
+# ------------------------------------------------------------------ legacy uint8 models
+def _u8_model(op: str, in_shape, out_c: int, *, k=3, stride=1, same=True, act=0, seed=0,
+              q_in=(0.05, 120), q_w=(0.02, 131), q_out=(0.1, 100)) -> bytes:
+    """A single uint8 CONV_2D or FULLY_CONNECTED with asymmetric weights (TFLite's legacy
+    quantization, which today's converter no longer writes)."""
+    import tflite
+
+    from tvm_armq.tflite_writer import single_op_model
+
+    rng = np.random.default_rng(seed)
+    if op == "CONV_2D":
+        n, h, w, c = in_shape
+        weight = rng.integers(0, 255, (out_c, k, k, c), endpoint=True, dtype=np.uint8)
+        size = (lambda d: -(-d // stride)) if same else (lambda d: (d - k) // stride + 1)
+        out_shape = (n, size(h), size(w), out_c)
+    else:
+        weight = rng.integers(0, 255, (out_c, in_shape[1]), endpoint=True, dtype=np.uint8)
+        out_shape = (in_shape[0], out_c)
+    tensors = [dict(shape=in_shape, dtype="uint8", q=q_in),
+               dict(shape=weight.shape, dtype="uint8", q=q_w, data=weight),
+               dict(shape=(out_c,), dtype="int32", q=(q_in[0] * q_w[0], 0),
+                    data=rng.integers(-3000, 3000, out_c).astype(np.int32)),
+               dict(shape=out_shape, dtype="uint8", q=q_out)]
+
+    def conv_options(b):
+        tflite.Conv2DOptionsStart(b)
+        tflite.Conv2DOptionsAddPadding(b, tflite.Padding.SAME if same else tflite.Padding.VALID)
+        tflite.Conv2DOptionsAddStrideW(b, stride)
+        tflite.Conv2DOptionsAddStrideH(b, stride)
+        tflite.Conv2DOptionsAddDilationWFactor(b, 1)
+        tflite.Conv2DOptionsAddDilationHFactor(b, 1)
+        tflite.Conv2DOptionsAddFusedActivationFunction(b, act)
+        return tflite.Conv2DOptionsEnd(b)
+
+    def fc_options(b):
+        tflite.FullyConnectedOptionsStart(b)
+        tflite.FullyConnectedOptionsAddFusedActivationFunction(b, act)
+        return tflite.FullyConnectedOptionsEnd(b)
+
+    options = ((tflite.BuiltinOptions.Conv2DOptions, conv_options) if op == "CONV_2D" else
+               (tflite.BuiltinOptions.FullyConnectedOptions, fc_options))
+    return single_op_model(getattr(tflite.BuiltinOperator, op), tensors, [0, 1, 2], [3],
+                           options, version=1)
+
+
+# Scales with s_in * s_w / s_out = 1e-3: outputs spread over the range, not saturated.
+U8_MODELS = {
+    "conv_3x3_same_relu": dict(op="CONV_2D", in_shape=(1, 10, 9, 8), out_c=12, act=1,
+                               q_out=(1.0, 100)),
+    "conv_3x3_valid_s2": dict(op="CONV_2D", in_shape=(1, 11, 11, 5), out_c=7, stride=2,
+                              same=False, q_in=(0.03, 0), q_w=(0.01, 140), q_out=(0.3, 128)),
+    "fc": dict(op="FULLY_CONNECTED", in_shape=(2, 40), out_c=10, q_w=(0.01, 77),
+               q_out=(0.5, 128)),
+}
+
+
+@pytest.mark.parametrize("level", ["neon", "dotprod", "i8mm"])
+def test_legacy_uint8_models_are_bit_exact(devices, level, tmp_path, report):
+    """uint8 CONV_2D / FULLY_CONNECTED with weight zero points run the u8 GEMM kernel of the
+    level (plus the row sums the weight zero point needs) and equal TFLite's reference."""
+    from tvm_armq.tflite_model import TFLiteModel
+
+    session, expected_kernel = devices.session(level), None
+    for name, spec in U8_MODELS.items():
+        path = tmp_path / f"{name}.tflite"
+        path.write_bytes(_u8_model(**spec))
+        model = TFLiteModel.load(path)
+        layers: list = []
+        lib = build.export_aarch64(build.compile_tflite(model, level, report=layers),
+                                   tmp_path / f"{name}.so")
+        assert [type(r) for r in layers] == [integrate.Lowered], layers
+        expected_kernel = expected_kernel or layers[0].kernel
+        assert layers[0].kernel.startswith("gemm_u8u8") and layers[0].kernel == expected_kernel
+        run = build.DeviceModel(session, lib)
+        for seed in range(2):
+            x = model.random_inputs(seed=seed)
+            (want,), (got,) = model.reference_outputs(x), run(x)
+            assert len(np.unique(want)) > 8
+            np.testing.assert_array_equal(got, want, err_msg=f"{name} at {level}")
+    report(f"tvm_armq   uint8 conv/fc models {level:8s} {expected_kernel} bit-exact")

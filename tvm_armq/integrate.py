@@ -32,6 +32,10 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     concat                                     -> copy (requantizing inputs whose scale differs)
     astype(avg_pool2d(astype(x, int32)))       -> int8_ops      TFLite's rounded average
 
+conv2d and dense also take TFLite's legacy uint8 scheme (uint8 weights with a zero point):
+the u8 GEMM kernel of the target, plus a row-sums kernel for the weight zero point's term
+(``schedules.conv2d_u8``).
+
 The fused activation is either a ``clip`` after the quantize (conv, dense) or a float
 ``relu`` / ``clip(0, 6)`` before it (ADD, MUL); both become the clamp TFLite computes.
 PAD, MAX_POOL_2D and reshapes are already integer in the frontend's output. Anything else
@@ -232,7 +236,7 @@ class _Layer:
     """A quantized conv/dense chain, read back out of the graph."""
 
     op: str                   # "conv2d" | "depthwise_conv2d" | "dense"
-    x: object                 # the int8 input variable
+    x: object                 # the int8 (or uint8) input variable
     x_q: tuple[float, int]
     weight: np.ndarray        # conv2d: HWIO; depthwise: [1, kh, kw, C*M]; dense: [K, N]
     w_scales: np.ndarray      # float64 per output channel
@@ -242,6 +246,7 @@ class _Layer:
     act_range: tuple[int, int]
     conv_attrs: object = None
     out_shape: tuple = ()
+    w_zp: int = 0             # nonzero only for uint8 weights (legacy asymmetric models)
 
     def real_scales(self) -> np.ndarray:
         """in_scale * w_scale / out_scale per channel, in double, as TFLite's Prepare."""
@@ -252,8 +257,8 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     """Read the conv/dense chain that ends in ``quantize`` (and its fused ``clip``)."""
     out_scale, out_zp = _qparams(graph, quantize).scalar("the output")
     out_dtype = str(quantize.attrs.out_dtype)
-    if out_dtype != "int8":
-        raise NotInteger(f"output dtype {out_dtype} (int8 only)")
+    if out_dtype not in ("int8", "uint8"):
+        raise NotInteger(f"output dtype {out_dtype} (int8 or uint8 only)")
     y = quantize.args[0]
     bias = None
     add = graph.call(y, "relax.add")
@@ -272,14 +277,18 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     if x_deq is None:
         raise NotInteger("the input is not dequantized int8")
     x = x_deq.args[0]
-    if _dtype(x) != "int8":
-        raise NotInteger(f"input dtype {_dtype(x)} (int8 only)")
     x_q = _qparams(graph, x_deq).scalar("the input")
     weight, w_q = _dequantized_const(graph, core.args[1], "the weight")
-    if weight.dtype != np.int8:
-        raise NotInteger(f"weight dtype {weight.dtype} (int8 only)")
-    if w_q.zp.any():
-        raise NotInteger("asymmetric weights (nonzero weight zero point)")
+    # TFLite's two schemes: int8 with symmetric weights, and the legacy uint8 one, whose
+    # weights have a zero point (one per tensor).
+    if (_dtype(x), str(weight.dtype)) != (out_dtype, out_dtype):
+        raise NotInteger(f"input {_dtype(x)}, weight {weight.dtype}, output {out_dtype} "
+                         "(all int8 or all uint8 only)")
+    w_zp = 0
+    if out_dtype == "int8" and w_q.zp.any():
+        raise NotInteger("int8 weights with a nonzero zero point")
+    if out_dtype == "uint8":
+        w_zp = w_q.scalar("the uint8 weight")[1]
     if clip is not None:
         lo, hi = (float(v.value) for v in clip.args[1:3])
         act = _fused_activation(lo, hi, out_scale, out_zp, out_dtype)
@@ -311,8 +320,10 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     w_scales = np.broadcast_to(w_q.scale.astype(np.float64).reshape(-1), (n_out,)).copy()
     if bias is None:
         bias = np.zeros(n_out, np.int32)
+    if op == "depthwise_conv2d" and out_dtype != "int8":
+        raise NotInteger("uint8 depthwise (the depthwise kernel is int8)")
     return _Layer(op, x, x_q, weight, w_scales, bias, (out_scale, out_zp), out_dtype, act,
-                  attrs, _shape(quantize))
+                  attrs, _shape(quantize), w_zp)
 
 
 # ------------------------------------------------------------------ integer kernels
@@ -337,7 +348,8 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
     from tvm_armq.intrinsics import kernels
     from tvm_armq.schedules import conv2d_gemm as cg
 
-    kernel = kernels.select(target, "int8", "int8")
+    dtype = layer.out_dtype
+    kernel = kernels.select(target, dtype, dtype)
     tile = (kernel.mr, kernel.nr, kernel.kr)
     in_shape = _shape(layer.x)
     if layer.op == "dense":
@@ -350,8 +362,9 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
         shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                                **_conv_window(layer))
         w_hwio = layer.weight
-    func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_zp=layer.x_q[1],
-                               out_zp=layer.out_q[1], act_range=layer.act_range)
+    func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_dtype=dtype, out_dtype=dtype,
+                               in_zp=layer.x_q[1], out_zp=layer.out_q[1],
+                               act_range=layer.act_range, w_zp=layer.w_zp)
     if tasks is not None:
         tasks.append((func, kernel))
     scheduled = None
@@ -365,10 +378,17 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
                                             cg.default_knobs(shape, kernel)) if schedule else func
     mult, shift = _requant(layer)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
-              cg.fold_bias(w_hwio, layer.bias, layer.x_q[1]), mult, shift]
+              cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
     data_shape = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
     out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
-    return scheduled, data_shape, consts, out_shape, kernel.name, tuned
+    row_sums = None
+    if layer.w_zp:  # the weight zero point needs each output pixel's sum of inputs
+        from tvm_armq.schedules import conv2d_u8 as cu
+
+        f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
+        row_sums = (cu.schedule_row_sums(f) if schedule else f,
+                    (shape.gemm_m, shape.groups))
+    return scheduled, data_shape, consts, out_shape, kernel.name, tuned, row_sums
 
 
 def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
@@ -389,7 +409,7 @@ def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
     name = f"depthwise_s8s8s32_{kh}x{kw}_neon"
-    return scheduled, (b, h, w, c), consts, (b, shape.out_h, shape.out_w, n), name, False
+    return scheduled, (b, h, w, c), consts, (b, shape.out_h, shape.out_w, n), name, False, None
 
 
 # ------------------------------------------------------------------ other int8 ops
@@ -439,10 +459,12 @@ class _KernelCall:
 
     func: object
     name: str
-    inputs: list            # graph variables, in the func's parameter order
+    inputs: list            # graph variables (or _KernelCalls), in the func's parameter order
     consts: list            # NumPy arrays after the inputs
     out_shape: tuple
     record: Lowered
+    out_dtype: str = "int8"
+    after: list = dataclasses.field(default_factory=list)  # _KernelCalls after the consts
 
 
 def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _KernelCall:
@@ -589,11 +611,14 @@ def _lowering_rewriter():
         def _gemm(self, label, quantize, clip) -> _KernelCall:
             layer = _match_layer(self.graph, quantize, clip)
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
-            func, data_shape, consts, out_shape, kname, tuned = make(
+            func, data_shape, consts, out_shape, kname, tuned, row_sums = make(
                 layer, self.target, self.database, self.tasks, self.schedule)
             record = Lowered(layer.op, label, _shape(layer.x), layer.out_shape, kname, tuned)
+            after = [] if row_sums is None else [
+                _KernelCall(row_sums[0], "row_sums", [(layer.x, data_shape)], [], row_sums[1],
+                            None, "int32")]
             return _KernelCall(func, layer.op, [(layer.x, data_shape)], consts, out_shape,
-                               record)
+                               record, layer.out_dtype, after)
 
         def _call_tir(self, kc: _KernelCall):
             """Emit ``kc``; returns the output expression (not yet bound)."""
@@ -607,7 +632,8 @@ def _lowering_rewriter():
             gv = self.builder_.add_func(kc.func.without_attr("global_symbol"),
                                         f"tvm_armq_{kc.name}")
             args += [relax.const(c) for c in kc.consts]
-            return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, "int8"))
+            args += [self.builder_.emit(self._call_tir(c)) for c in kc.after]
+            return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, kc.out_dtype))
 
         def _emit(self, made):
             if isinstance(made, list):  # concat: requantized (or raw) inputs, then a copy
