@@ -50,10 +50,8 @@ import dataclasses
 
 import numpy as np
 
-from .tflite_layers import activation_range
-
-# The fused activations of TFLite, as tflite.ActivationFunctionType numbers.
-_ACT_NONE, _ACT_RELU, _ACT_RELU_N1_TO_1, _ACT_RELU6 = 0, 1, 2, 3
+from .tflite_layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
+                            activation_range)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,10 +217,10 @@ def _fused_activation(lo: float, hi: float, scale: float, zp: int, dtype: str):
         return float(round(v / scale) + zp)
 
     candidates = {
-        _ACT_NONE: (info.min, info.max),
-        _ACT_RELU: (max(info.min, frontend(0.0)), info.max),
-        _ACT_RELU6: (max(info.min, frontend(0.0)), min(info.max, frontend(6.0))),
-        _ACT_RELU_N1_TO_1: (max(info.min, frontend(-1.0)), min(info.max, frontend(1.0))),
+        ACT_NONE: (info.min, info.max),
+        ACT_RELU: (max(info.min, frontend(0.0)), info.max),
+        ACT_RELU6: (max(info.min, frontend(0.0)), min(info.max, frontend(6.0))),
+        ACT_RELU_N1_TO_1: (max(info.min, frontend(-1.0)), min(info.max, frontend(1.0))),
     }
     for act, (clo, chi) in candidates.items():
         if (float(clo), float(chi)) == (float(lo), float(hi)):
@@ -414,22 +412,22 @@ def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
 
 # ------------------------------------------------------------------ other int8 ops
 # The float activation the frontend puts between an ADD/MUL and its quantize.
-_FLOAT_ACTIVATIONS = {(0.0, 6.0): _ACT_RELU6, (-1.0, 1.0): _ACT_RELU_N1_TO_1}
+_FLOAT_ACTIVATIONS = {(0.0, 6.0): ACT_RELU6, (-1.0, 1.0): ACT_RELU_N1_TO_1}
 
 
 def _act_before(graph: _Graph, y):
     """(expr under a float relu/relu6 clip, its TFLite activation) or (y, ACT_NONE)."""
     relu = graph.call(y, "relax.nn.relu")
     if relu is not None:
-        return relu.args[0], _ACT_RELU
+        return relu.args[0], ACT_RELU
     clip = graph.call(y, "relax.clip")
     if clip is not None:
         bounds = tuple(float(v.value) for v in clip.args[1:3])
         if bounds in _FLOAT_ACTIVATIONS:
             return clip.args[0], _FLOAT_ACTIVATIONS[bounds]
         if bounds[0] == 0.0 and bounds[1] >= 3.4e38:
-            return clip.args[0], _ACT_RELU
-    return y, _ACT_NONE
+            return clip.args[0], ACT_RELU
+    return y, ACT_NONE
 
 
 def _quantized_var(graph: _Graph, expr, what: str):
@@ -492,7 +490,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _
         make = ops.add_func if op == "add" else ops.mul_func
         func = make(_shape(a), _shape(b), out_shape, a_q, b_q, out_q, act_range)
         return _KernelCall(func, op, [a, b], [], out_shape, record(f"{op}_s8_tflite", [a]))
-    if act != _ACT_NONE or act_range != (-128, 127):
+    if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
     if op == "mean":
         x, x_q = _quantized_var(graph, core.args[0], "the mean input")

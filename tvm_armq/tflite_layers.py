@@ -17,7 +17,7 @@ from .schedules.window import same_padding
 from .tflite_model import TFLiteModel
 
 # tflite.ActivationFunctionType and tflite.Padding values
-_ACT_NONE, _ACT_RELU, _ACT_RELU_N1_TO_1, _ACT_RELU6 = 0, 1, 2, 3
+ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6 = 0, 1, 2, 3
 _PADDING_SAME = 0
 _OPTIONS = {"CONV_2D": "Conv2DOptions", "DEPTHWISE_CONV_2D": "DepthwiseConv2DOptions",
             "FULLY_CONNECTED": "FullyConnectedOptions"}
@@ -69,13 +69,13 @@ def activation_range(act: int, out_scale: float, out_zp: int, dtype: str = "int8
         return out_zp + int(np.sign(q) * np.floor(np.abs(q) + np.float32(0.5)))
 
     lo, hi = int(info.min), int(info.max)
-    if act == _ACT_RELU:
+    if act == ACT_RELU:
         return max(lo, quantize(0.0)), hi
-    if act == _ACT_RELU6:
+    if act == ACT_RELU6:
         return max(lo, quantize(0.0)), min(hi, quantize(6.0))
-    if act == _ACT_RELU_N1_TO_1:
+    if act == ACT_RELU_N1_TO_1:
         return max(lo, quantize(-1.0)), min(hi, quantize(1.0))
-    if act == _ACT_NONE:
+    if act == ACT_NONE:
         return lo, hi
     raise NotImplementedError(f"fused activation {act} has no quantized range in TFLite")
 
