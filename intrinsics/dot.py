@@ -118,6 +118,85 @@ def _by_vector(kernel: Kernel):
     return kernels.build_impl(kernel, emit)
 
 
+def supports_direct(kernel: Kernel) -> bool:
+    """Whether ``kernel`` has a direct-read form (``impl_direct``): the signed by-element
+    kernel (sdot), the one the int8 convolutions use and the device tests cover."""
+    return kernel in BY_ELEMENT and (kernel.a_dtype, kernel.b_dtype) == ("int8", "int8")
+
+
+def impl_direct(kernel: Kernel, k: int, n_tiles: int):
+    """A by-element kernel over a whole K loop with A read in place (``kernels.desc_direct``):
+    A is mr rows of k bytes, row-major, unpacked; B is n_tiles packed column blocks.
+
+    B's packed 4x4 block of K step s (kr = 4 bytes of K per step) is already the vector
+    operand of the by-element form, and a 16-byte load of A's row i holds four K steps;
+    the lane index picks the step, so A needs no interleaving:
+
+        Va_i = A[i, 16c:16c+16] = | step 4c | step 4c+1 | step 4c+2 | step 4c+3 |
+        for t < 4, tile < n_tiles:
+            Vb = B[tile, 4c + t]                       (the 4 columns' bytes of step 4c+t)
+            for i < mr: Vc[tile, i] += sdot(Vb, Va_i.4b[t])
+
+    The n_tiles * mr accumulators stay in registers across K and every A load serves
+    n_tiles * 4 instructions. A K tail of fewer than four steps loads each step's
+    4 bytes of a row on its own.
+    """
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    if not supports_direct(kernel):
+        raise ValueError(f"{kernel.name} has no direct-read form (int8 by-element sdot only)")
+    kernels.check_shape(kernel, _LANES, _LANES, _GROUP)
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    steps = k // kr
+    chunk = _LANES  # K steps per 16-byte row load
+    full, tail = divmod(steps, chunk)
+    vector = f"x{_LANES * _GROUP}"
+    row = f"{kernel.acc_dtype}x{nr}"
+
+    def emit(A, B, C):
+        # accumulator (tile, i) at lanes [(tile * mr + i) * nr, +nr); constant indices
+        # only, so LLVM keeps the buffer in registers
+        acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
+
+        def lanes(tile, i):
+            return tirx.Ramp((tile * mr + i) * nr, 1, nr)
+
+        def accumulate(step, a_groups, lane):
+            for tile in range(n_tiles):
+                vb = T.bind(B.vload([tile, step, 0, 0], kernel.b_dtype + vector))
+                for i in range(mr):
+                    a_step = tirx.reinterpret(kernel.a_dtype + vector,
+                                              tirx.Shuffle([a_groups[i]], [lane] * _LANES))
+                    old = acc.vload([(tile * mr + i) * nr], row)
+                    # the broadcast A step is the second source, where sdot's indexed
+                    # operand sits, so LLVM emits the by-element form (see _by_element)
+                    T.buffer_store(acc, _dot(kernel, old, vb, a_step), [lanes(tile, i)])
+
+        for tile in range(n_tiles):
+            for i in range(mr):
+                T.buffer_store(acc, C.vload([tile, i, 0], row), [lanes(tile, i)])
+        if full:
+            with T.serial(full) as c:
+                a_groups = [T.bind(tirx.reinterpret(
+                    f"int32x{_LANES}", A.vload([i * k + c * chunk * kr],
+                                               kernel.a_dtype + vector))) for i in range(mr)]
+                for t in range(chunk):
+                    accumulate(c * chunk + t, a_groups, t)
+        for t in range(tail):
+            step = full * chunk + t
+            a_groups = [T.bind(tirx.Broadcast(tirx.reinterpret(
+                "int32", A.vload([i * k + step * kr], f"{kernel.a_dtype}x{kr}")), _LANES))
+                for i in range(mr)]
+            accumulate(step, a_groups, 0)
+        for tile in range(n_tiles):
+            for i in range(mr):
+                T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),
+                               [tile, i, tirx.Ramp(0, 1, nr)])
+
+    return kernels.build_impl_direct(kernel, k, n_tiles, emit)
+
+
 def impl(kernel: Kernel):
     """The impl PrimFunc of a dot-product kernel (by element or by vector)."""
     if kernel in BY_ELEMENT:

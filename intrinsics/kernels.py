@@ -447,6 +447,120 @@ def register_k_loop(kernel: Kernel, k_blocks: int) -> str:
     return name
 
 
+# ---------------------------------------------------- direct-read intrinsics
+# A 1x1 stride-1 convolution's A is the input itself: row m of A is pixel m's channels,
+# contiguous, and consecutive pixels are in_c bytes apart. A by-element dot-product kernel
+# needs no interleaved A block for it: one 16-byte load of a row holds four K steps, and
+# the lane index of ``sdot Vc.4s, Vb.16b, Va.4b[t]`` picks K step t of that row. So its
+# module may offer ``impl_direct(kernel, k, n_tiles)``: a whole-K instruction sequence for
+# C[n_tiles, mr, nr] (n_tiles micro-tiles side by side, sharing every A load) whose A is
+# the mr x k row-major window of the input, read where it lies (no pack). Its
+# TensorIntrin is registered per (k, n_tiles) (``direct_name``), on demand.
+
+def has_direct(kernel: Kernel) -> bool:
+    """Whether ``kernel``'s module offers a direct-read instruction sequence for it."""
+    if kernel.module is None:
+        return False
+    module = importlib.import_module(f".{kernel.module}", __package__)
+    return getattr(module, "supports_direct", lambda k: False)(kernel)
+
+
+def direct_name(kernel: Kernel, k: int, n_tiles: int) -> str:
+    """The TensorIntrin name of ``kernel``'s direct-read form for K = k and n_tiles."""
+    return f"{kernel.name}__direct_k{k}_n{n_tiles}"
+
+
+def _direct_buffers(T, kernel: Kernel, k: int, n_tiles: int, a, b, c):
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    # A: mr rows of k bytes, row after row (the rows of a pointwise convolution's input
+    # are consecutive pixels); one flat window, so the GEMM may index the NHWC input by
+    # its flat offset. B: n_tiles packed column blocks over the whole K loop. C: n_tiles
+    # row-major [mr, nr] windows, any strides.
+    A = T.match_buffer(a, (mr * k,), kernel.a_dtype, offset_factor=1)
+    B = T.match_buffer(b, (n_tiles, k // kr, nr, kr), kernel.b_dtype, offset_factor=1)
+    C = T.match_buffer(c, (n_tiles, mr, nr), kernel.acc_dtype, offset_factor=1,
+                       strides=[T.int32(), T.int32(), 1])
+    return A, B, C
+
+
+def desc_direct(kernel: Kernel, k: int, n_tiles: int):
+    """The scalar reference of the direct-read form: C[t, i, j] += sum over kb, kk of
+    A[i * k + kb * kr + kk] * B[t, kb, j, kk] (A a flat mr x k row-major window)."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    kb_total = k // kr
+    c_dt = kernel.acc_dtype
+
+    @T.prim_func(s_tir=True)
+    def gemm_direct(a: T.handle, b: T.handle, c: T.handle):
+        A, B, C = _direct_buffers(T, kernel, k, n_tiles, a, b, c)
+        with T.sblock("root"):
+            T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:mr * k], B[0:n_tiles, 0:kb_total, 0:nr, 0:kr])
+            T.writes(C[0:n_tiles, 0:mr, 0:nr])
+            for t, kb, i, j, kk in T.grid(n_tiles, kb_total, mr, nr, kr):
+                with T.sblock("update"):  # block iters in the GEMM block's order
+                    vt, vi, vj, vb, vk = T.axis.remap("SSSRR", [t, i, j, kb, kk])
+                    C[vt, vi, vj] = C[vt, vi, vj] + (
+                        T.Cast(c_dt, A[vi * k + vb * kr + vk]) * T.Cast(c_dt, B[vt, vb, vj, vk]))
+
+    # One micro-tile: the GEMM's tile loop has extent 1 and blockize drops its block
+    # iter, so the pattern keeps the loop and binds no iter to it.
+    @T.prim_func(s_tir=True)
+    def gemm_direct_one(a: T.handle, b: T.handle, c: T.handle):
+        A, B, C = _direct_buffers(T, kernel, k, 1, a, b, c)
+        with T.sblock("root"):
+            T.reads(C[0:1, 0:mr, 0:nr], A[0:mr * k], B[0:1, 0:kb_total, 0:nr, 0:kr])
+            T.writes(C[0:1, 0:mr, 0:nr])
+            for _t, kb, i, j, kk in T.grid(1, kb_total, mr, nr, kr):
+                with T.sblock("update"):
+                    vi, vj, vb, vk = T.axis.remap("SSRR", [i, j, kb, kk])
+                    C[0, vi, vj] = C[0, vi, vj] + (
+                        T.Cast(c_dt, A[vi * k + vb * kr + vk]) * T.Cast(c_dt, B[0, vb, vj, vk]))
+
+    return gemm_direct if n_tiles > 1 else gemm_direct_one
+
+
+def build_impl_direct(kernel: Kernel, k: int, n_tiles: int, emit):
+    """An impl PrimFunc with the signature of ``desc_direct(kernel, k, n_tiles)``;
+    ``emit(A, B, C)`` adds the instruction sequence."""
+    from tvm.script import tirx as T
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    with IRBuilder() as ib:
+        with ir_prim_func():
+            T.func_name(direct_name(kernel, k, n_tiles))
+            a = T.arg("a", T.handle())
+            b = T.arg("b", T.handle())
+            c = T.arg("c", T.handle())
+            A, B, C = _direct_buffers(T, kernel, k, n_tiles, a, b, c)
+            with T.sblock("root"):
+                T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:mr * k],
+                        B[0:n_tiles, 0:k // kr, 0:nr, 0:kr])
+                T.writes(C[0:n_tiles, 0:mr, 0:nr])
+                emit(A, B, C)
+    return ib.get()
+
+
+def register_direct(kernel: Kernel, k: int, n_tiles: int) -> str:
+    """Register ``kernel``'s direct-read TensorIntrin for (k, n_tiles) (once); its name."""
+    from tvm.s_tir import TensorIntrin
+
+    if not has_direct(kernel):
+        raise ValueError(f"{kernel.name} has no direct-read instruction sequence")
+    if k % kernel.kr:
+        raise ValueError(f"{kernel.name}: the direct-read form needs K ({k}) to be a "
+                         f"multiple of kr ({kernel.kr}): A is not padded")
+    name = direct_name(kernel, k, n_tiles)
+    if TensorIntrin.get(name, allow_missing=True) is None:
+        module = importlib.import_module(f".{kernel.module}", __package__)
+        TensorIntrin.register(name, desc_direct(kernel, k, n_tiles),
+                              module.impl_direct(kernel, k, n_tiles))
+    return name
+
+
 def register_all() -> list[str]:
     """Register the TensorIntrin of every tensorizable kernel in ``TABLE``."""
     return [register(k) for k in TABLE if k.intrin is not None]
@@ -470,15 +584,18 @@ def _ir_serialization_works() -> bool:
     return res.returncode == 0
 
 
-def tensorize(sch, loop, kernel: Kernel, target, *, k_blocks: int | None = None) -> None:
+def tensorize(sch, loop, kernel: Kernel, target, *, k_blocks: int | None = None,
+              direct: tuple[int, int] | None = None) -> None:
     """Tensorize the block loop nest under ``loop`` with ``kernel`` for ``target``.
 
     ``loop`` is the outermost of the (mr, nr, kr) loops of a block computing
     ``C[.., ..] += acc(A_packed[.., .., i, k]) * acc(B_packed[.., .., j, k])`` without an
     init (``decompose_reduction`` first). With ``k_blocks``, ``loop`` is instead the K-block
     loop of extent ``k_blocks`` right above them (kb, i, j, k) and the whole-K intrinsic
-    is used (``has_k_loop``). Raises ``MissingTargetFeature`` when the target cannot run
-    the kernel, before anything reaches LLVM.
+    is used (``has_k_loop``). With ``direct`` = (k, n_tiles), ``loop`` is the micro-tile
+    column loop of extent n_tiles above (kb, i, j, kk) of a GEMM that reads A from the
+    input (``has_direct``), and the direct-read intrinsic is used. Raises
+    ``MissingTargetFeature`` when the target cannot run the kernel, before anything reaches LLVM.
     """
     require(kernel, target)
     if kernel.intrin is None:
@@ -495,5 +612,8 @@ def tensorize(sch, loop, kernel: Kernel, target, *, k_blocks: int | None = None)
             f"(tvm.ir.save_json, which tensorize uses to copy the intrinsic) segfaults with "
             f"apache-tvm-ffi {ffi} under apache-tvm 0.27.0.post1. Install a matching FFI: "
             f"pip install 'apache-tvm-ffi<0.1.15' (0.1.14.post1 works)")
-    sch.tensorize(loop, register(kernel) if k_blocks is None
-                  else register_k_loop(kernel, k_blocks))
+    if direct is not None:
+        sch.tensorize(loop, register_direct(kernel, *direct))
+    else:
+        sch.tensorize(loop, register(kernel) if k_blocks is None
+                      else register_k_loop(kernel, k_blocks))

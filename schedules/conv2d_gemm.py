@@ -18,6 +18,13 @@ K is padded up to the block with zeros; zeros in the K padding of both operands 
 nothing. M is padded up to the block with copies of the last row of A: the extra rows
 are computed and never stored.
 
+Direct read (``reads_input_directly``): for a 1x1 stride-1 convolution A *is* the
+input (row m = pixel m's channels, rows in_c bytes apart), and a by-element dot-product
+kernel can take its rows as they lie (a 16-byte load of a row holds four K steps; the
+instruction's lane index picks one; ``kernels.desc_direct``). Then, for K of at least
+``DIRECT_MIN_K``, there is no A_packed stage: the GEMM reads the input, and only B is
+packed.
+
 Zero points: TFLite computes sum_k (a - zp_a) * w + bias. With w symmetric this
 is sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of
 the layer: ``fold_bias`` merges them into one int32 vector at compile time, so
@@ -169,13 +176,12 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         m, k = tirx.min(bm * mr + i, m_total - 1), bk * kr + j
         k0 = bk * kr
         in_range = k < k_total
-        # 1x1 stride-1 convolutions keep this pack (a plain interleaving copy, no im2col
-        # gather) rather than reading the input in the K loop: every micro-kernel wants
-        # several pixels' channels interleaved in one register (smmla: 2 pixels x 8
-        # bytes; by-element sdot: 4 pixels x 4 bytes), so a copy-free K loop would
-        # rebuild each A block from 2-4 loads and a lane-combining instruction once per
-        # macro-tile column (N / (n_tiles * nr) times) where the pack does it once; in
-        # armperf's figures the pack is under 1% of even the smallest-K layer (v2.b1.expand).
+        # 1x1 stride-1 convolutions that do not read the input in place
+        # (``reads_input_directly``) keep this pack, a plain interleaving copy: smmla
+        # and the by-vector kernels want several pixels' channels interleaved in one
+        # register (smmla: 2 pixels x 8 bytes), which a copy-free K loop would rebuild
+        # once per macro-tile column where the pack does it once; at small K the pack
+        # is also cheaper for the by-element kernels (``DIRECT_MIN_K``).
         if s.is_pointwise:  # the pixel is the output pixel: a plain interleaving copy
             return tirx.if_then_else(in_range, cvt(data[m // ohw, (m % ohw) // s.out_w,
                                                         m % s.out_w, g * cg + k]), zero)
@@ -215,8 +221,60 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
         name="gemm")
 
 
+# Smallest K at which a pointwise GEMM reads its input in place rather than packing it.
+# Measured with scripts/bench_layers.py at dotprod (corrected ratios, MobileNet layers):
+# direct read is faster from K = 64 (v2.b7-10.expand K = 64, v2.b11-13.expand 96,
+# v1.pw3 128, v2.b2.project 144, v1.pw7-11 512) and slower below (v2.b1.expand K = 16,
+# v2.b2-3.expand 24, v1.pw1 and v2.b4-6.expand 32): with few K steps, the per-micro-row
+# costs of the direct form (its accumulators loaded and stored around a short K loop,
+# A rows read once per column of macro tiles) outweigh the pack it saves.
+DIRECT_MIN_K = 64
+
+
+def can_read_input_directly(shape: Conv2DShape, kernel) -> bool:
+    """Whether the GEMM of ``shape`` *can* read A from the input in place with ``kernel``:
+    a 1x1 stride-1 unpadded, ungrouped convolution whose M and K need no padding (M a
+    multiple of mr, K of kr), and a kernel with a direct-read form (``kernels.has_direct``:
+    the by-element dot products)."""
+    from tvm_armq.intrinsics import kernels
+
+    return (kernel is not None and kernels.has_direct(kernel) and shape.is_pointwise
+            and shape.groups == 1 and shape.gemm_m % kernel.mr == 0
+            and shape.gemm_k % kernel.kr == 0)
+
+
+def reads_input_directly(shape: Conv2DShape, kernel) -> bool:
+    """Whether ``conv2d_gemm_func`` builds the GEMM of ``shape`` with ``kernel`` reading A
+    in place (no A_packed stage): where it can (``can_read_input_directly``) and K is at
+    least ``DIRECT_MIN_K`` (below, the pack is cheaper)."""
+    return can_read_input_directly(shape, kernel) and shape.gemm_k >= DIRECT_MIN_K
+
+
+def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, data, b_packed, acc_dtype: str):
+    """The ``gemm`` stage of a direct-read GEMM (``reads_input_directly``): the blocks of
+    ``packed_gemm_te``, with A[m, k] read from NHWC ``data`` in place. Pixel m's channels
+    start at flat offset m * in_c of the (contiguous) input, so A is indexed by that flat
+    offset on data's channel axis (batch, row and column 0): the same bytes as
+    data[b, y, x, k], as one affine index the micro-kernel's pattern matches
+    (``kernels.desc_direct``), where the (b, y, x) of m would need a division."""
+    from tvm import te
+
+    mr, nr, kr = mr_nr_kr
+    k_total = shape.gemm_k
+    G, nb, kb = (int(d) for d in b_packed.shape[:3])
+    mb = shape.gemm_m // mr
+    rb, rk = te.reduce_axis((0, kb), "kb"), te.reduce_axis((0, kr), "kk")
+    return te.compute(
+        (G, mb, nb, mr, nr),
+        lambda g, bm, bn, i, j: te.sum(
+            data[0, 0, 0, (bm * mr + i) * k_total + rb * kr + rk].astype(acc_dtype)
+            * b_packed[g, bn, rb, j, rk].astype(acc_dtype), axis=[rb, rk]),
+        name="gemm")
+
+
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
-                   in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0):
+                   in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0,
+                   direct: bool = False):
     """TE tensors of the conv2d GEMM: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
@@ -230,6 +288,9 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     out_h * out_w, groups] int32 (each pixel's im2col row summed per group, padding as
     zp_a: ``conv2d_u8.row_sums_func``), comes last before the output, and the epilogue
     adds -w_zp * row_sum; ``fold_bias(..., w_zp=w_zp)`` folds the constant terms.
+
+    ``direct`` (only where ``can_read_input_directly`` holds): no ``A_packed`` stage, the
+    ``gemm`` stage reads the input in place (``direct_gemm_te``).
     """
     from tvm import te, tirx
 
@@ -247,8 +308,14 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     shift = te.placeholder((s.out_c,), "int32", "shift")
     row_sum = te.placeholder((m_total, G), "int32", "row_sum") if w_zp else None
 
-    a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(in_zp, in_dtype))
-    acc = packed_gemm_te(a_packed, b_packed, "int32")
+    if direct:
+        if not (s.is_pointwise and G == 1 and m_total % mr == 0 and k_total % kr == 0):
+            raise ValueError(f"conv2d_gemm: {s} cannot read A in place (it needs a 1x1 "
+                             f"stride-1 ungrouped conv with M % {mr} == 0, K % {kr} == 0)")
+        acc = direct_gemm_te(s, mr_nr_kr, data, b_packed, "int32")
+    else:
+        a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(in_zp, in_dtype))
+        acc = packed_gemm_te(a_packed, b_packed, "int32")
     lo, hi = act_range
 
     def out_element(m, g, n):
@@ -269,11 +336,14 @@ def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, *, kernel=None, **quant):
     """The conv2d as one TIR PrimFunc, unscheduled (stages as in ``conv2d_gemm_te``).
 
     With ``kernel`` (a record of ``tvm_armq.intrinsics.kernels`` whose block is
-    ``mr_nr_kr``) the func carries the attributes of ``annotate``.
+    ``mr_nr_kr``) the func carries the attributes of ``annotate``, and reads A from the
+    input in place where the kernel can (``reads_input_directly``: then it must be
+    scheduled with that kernel).
     """
     from tvm import te
 
-    func = te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, **quant)))
+    direct = reads_input_directly(shape, kernel)
+    func = te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, direct=direct, **quant)))
     return func if kernel is None else annotate(func, kernel)
 
 
@@ -358,6 +428,17 @@ def _epilogue_registers(kernel, m_tiles: int, n_tiles: int) -> int:
     return results + EPILOGUE_CHANNEL_REGISTERS * channels + EPILOGUE_FIXED_REGISTERS
 
 
+def _direct_n_tiles(nb: int, kernel) -> int:
+    """n_tiles of a direct-read GEMM: its K loop covers n_tiles micro-tiles side by side,
+    which share every A row load. The largest divisor of the column blocks whose output
+    row is at most ``STORE_CHANNELS`` and whose accumulators (mr per micro-tile) plus
+    operands (mr A rows and one B block) fit the register file."""
+    budget = NEON_REGISTERS - SCRATCH_REGISTERS
+    fits = [d for d in range(1, nb + 1) if nb % d == 0 and d * kernel.nr <= STORE_CHANNELS
+            and d * kernel.mr + kernel.mr + 1 <= budget]
+    return max(fits)
+
+
 def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmKnobs:
     """Good knobs for ``shape`` with micro-kernel ``kernel`` (any ISA level).
 
@@ -371,13 +452,16 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
     (loads stop mattering once there are fewer loads than MAC instructions); the widest
     power-of-two output row up to ``STORE_CHANNELS`` (whole stores); the fewest live
     epilogue registers. K is unrolled by 2 when the K blocks allow. The scalar
-    reference kernel gets 1 x 1 tiles.
+    reference kernel gets 1 x 1 tiles. A direct-read GEMM (``reads_input_directly``) runs
+    one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``_direct_n_tiles``.
     """
     mb = _ceil_div(shape.gemm_m, kernel.mr)
     nb = _ceil_div(shape.gemm_n, kernel.nr)
     kb = _ceil_div(shape.gemm_k, kernel.kr)
     if kernel.intrin is None:
         return GemmKnobs(parallel=parallel)
+    if reads_input_directly(shape, kernel):
+        return GemmKnobs(n_tiles=_direct_n_tiles(nb, kernel), parallel=parallel)
     # MAC instructions of one micro-tile's K step: one per row of C for the by-element
     # dot product, one per (row, column) pair for the widening / by-vector kernels
     # (two for widening: smull and smull2), one for a matrix instruction.
@@ -422,8 +506,11 @@ def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
               output[row, n_tiles * nr channels] = epilogue(acc)   (one vector)
 
     A kernel with a whole-K form (``kernels.has_k_loop``: neon's smull/sadalp) is
-    tensorized over the kb loop instead, one K loop per micro-tile (k_unroll unused).
-    ``default_knobs`` gives good knobs for a layer.
+    tensorized over the kb loop instead, one K loop per micro-tile (k_unroll unused). A
+    func that reads A in place (``reads_input_directly``: no A_packed stage) is tensorized
+    with the kernel's direct-read form over (tj, kb): one K loop per row of micro-tiles,
+    its n_tiles micro-tiles inside it (k_unroll unused). ``default_knobs`` gives good
+    knobs for a layer.
 
     ``kernel`` is a record of ``tvm_armq.intrinsics.kernels`` whose (mr, nr, kr) the func
     was built with; a reference kernel keeps scalar loops, any other is tensorized for
@@ -460,8 +547,11 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
     ``sch.sample_perfect_tile`` (2 factors, inner at most ``SAMPLE_MAX_INNER``) and the
     random variables feed the splits directly, so replaying or mutating the trace changes
     the tiles and every candidate stays tensorized. (A kernel tensorized over the whole K
-    loop, ``kernels.has_k_loop`` with more than one K block, has no k_unroll: two
-    samples.) ``parallel`` is a fixed choice (it follows how the module will be run, not a
+    loop, ``kernels.has_k_loop`` with more than one K block, or read in place,
+    ``reads_input_directly``, has no k_unroll: two samples. The direct-read intrinsic is
+    registered per n_tiles, so its Tensorize names the n_tiles sampled: a trace whose
+    n_tiles is mutated no longer tensorizes and the candidate is dropped.) ``parallel``
+    is a fixed choice (it follows how the module will be run, not a
     tunable). Usable as the schedule function of
     ``tvm.s_tir.meta_schedule.space_generator.ScheduleFn``.
     """
@@ -486,21 +576,36 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     """
     from tvm_armq.intrinsics import kernels
 
-    out, gemm, a_packed = (sch.get_sblock(n) for n in ("output", "gemm", "A_packed"))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    # A direct-read func (reads_input_directly) has no A_packed stage: its GEMM reads the
+    # input in place, through the kernel's direct-read form only.
+    direct = "A_packed" not in names
+    if direct and not kernels.has_direct(kernel):
+        raise ValueError(f"conv2d_gemm: the func reads A in place (no A_packed stage), which "
+                         f"kernel {kernel.name} cannot do; build it with conv2d_gemm_func("
+                         f"..., kernel={kernel.name}) or without a direct-read kernel")
+    out, gemm = sch.get_sblock("output"), sch.get_sblock("gemm")
+    a_packed = None if direct else sch.get_sblock("A_packed")
     g, mo, no, i, j, kb, kk = sch.get_loops(gemm)
     # A kernel that reduces inside its block (kernels.has_k_loop) is tensorized over the
     # whole K loop, so its partial sums stay in registers across K; K is then unrolled
     # inside the instruction sequence and the k_unroll knob does not apply.
     # (One K block has no loop to keep anything across: the block intrinsic does.)
     k_blocks = sch.get(kb).extent.value
-    whole_k = kernel.intrin is not None and kernels.has_k_loop(kernel) and k_blocks > 1
+    whole_k = (not direct and kernel.intrin is not None and kernels.has_k_loop(kernel)
+               and k_blocks > 1)
     mo, ti = sch.split(mo, tile(mo, "m_tiles"))
     no, tj = sch.split(no, tile(no, "n_tiles"))
     # Macro-tile columns outside, rows inside: the epilogue's per-channel parameters
     # (bias, multiplier, shift and the shifts derived from it) and the column's B blocks
     # are the same for every macro tile of the inner loop, so LLVM loads and prepares
     # them once per column instead of once per tile.
-    if whole_k:
+    if direct:
+        # One K loop per row of micro-tiles, all n_tiles of the row inside the intrinsic
+        # (they share each A row load); k_unroll does not apply.
+        sch.reorder(no, mo, ti, tj, kb, i, j, kk)
+        k_outer, unrolled = tj, (ti,)
+    elif whole_k:
         sch.reorder(no, mo, ti, tj, kb, i, j, kk)
         k_outer, unrolled = kb, (ti, tj)
     else:
@@ -514,7 +619,8 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
         sch.set_scope(gemm, 0, "local")  # the scalar tile can live in registers outright
     # The pack copies kr bytes per (block row, K block): one vector (kr = 4, 8 or 16 bytes)
     # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
-    sch.vectorize(sch.get_loops(a_packed)[-1])
+    if a_packed is not None:
+        sch.vectorize(sch.get_loops(a_packed)[-1])
     padded = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
               if sch.get(b).name_hint == "data_padded"]
     if padded:  # the bordered input copy: rows in parallel, channels in vectors
@@ -524,7 +630,8 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
             sch.parallel(rows)
     if parallel:  # before the reduction is split in init + update (parallel rejects it)
         sch.parallel(no)
-        sch.parallel(sch.get_loops(a_packed)[1])
+        if a_packed is not None:
+            sch.parallel(sch.get_loops(a_packed)[1])
     sch.decompose_reduction(gemm, k_outer)
     for loop in unrolled:  # an extent-1 loop unrolls to nothing
         sch.unroll(loop)
@@ -540,7 +647,10 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
         sch.vectorize(own[-1])
         for loop in own[:-1]:
             sch.unroll(loop)
-    if whole_k:
+    if direct:
+        n_tiles = sch.get(tj).extent.value  # a sampled n_tiles: its current decision
+        kernels.tensorize(sch, tj, kernel, target, direct=(k_blocks * kernel.kr, n_tiles))
+    elif whole_k:
         kernels.tensorize(sch, kb, kernel, target, k_blocks=k_blocks)
     elif kernel.intrin is not None:
         # The micro-kernels take C as a plain (global-scope) window; the compacted

@@ -286,3 +286,86 @@ def test_default_knobs_are_honoured_and_fit_the_registers():
             if shape.gemm_n % cg.EPILOGUE_LANES == 0:
                 assert knobs.n_tiles * kernel.nr % cg.EPILOGUE_LANES == 0, (level, knobs)
     assert cg.default_knobs(CASES[0].shape, REFERENCE) == cg.GemmKnobs()
+
+
+# Pointwise layers whose GEMM reads the input in place at dotprod (built with direct=True
+# whatever K, so small K exercises the intrinsic too): K in whole 16-byte row loads (16,
+# 48, 144, 512) and with a tail of 1-3 K steps (40, 28, 72), N remainders, several
+# images; M always a multiple of mr.
+DIRECT_CASES = [
+    Case("direct_k16", S(1, 4, 6, 16, 20, 1, 1), in_zp=-128, out_zp=3),
+    Case("direct_k48_n_rem", S(1, 2, 6, 48, 11, 1, 1), in_zp=7, out_zp=-5),
+    Case("direct_k144", S(1, 4, 4, 144, 36, 1, 1), in_zp=-3, out_zp=0),
+    Case("direct_k512", S(1, 2, 2, 512, 64, 1, 1), in_zp=127, out_zp=-128,
+         act_range=(-128, 60)),
+    Case("direct_k40_tail", S(2, 2, 3, 40, 24, 1, 1), in_zp=-20, out_zp=1),
+    Case("direct_k28_tail", S(1, 4, 3, 28, 8, 1, 1), in_zp=50, out_zp=-1),
+    Case("direct_k72_tail", S(1, 2, 4, 72, 12, 1, 1), in_zp=-7, out_zp=2),
+    Case("direct_dense", S.dense(8, 96, 16), in_zp=-128, out_zp=0),
+]
+DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
+
+
+def test_direct_read_pointwise_on_device(devices, tmp_path, report):
+    """At dotprod, a pointwise GEMM that reads its input in place (no A_packed stage) with
+    the by-element kernel is bit-exact, with default knobs and with 2 x 2 tiles; from
+    DIRECT_MIN_K, conv2d_gemm_func builds that form by itself."""
+    import tvm
+    from tvm import te
+
+    level = "dotprod"
+    target = build.resolve_target(level)
+    kernel = kernels.select(target, "int8", "int8")
+    funcs = {}
+    for c in DIRECT_CASES:
+        assert cg.can_read_input_directly(c.shape, kernel), c.name
+        quant = dict(in_zp=c.in_zp, out_zp=c.out_zp, act_range=c.act_range)
+        if cg.reads_input_directly(c.shape, kernel):
+            f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, **quant)
+        else:
+            f = te.create_prim_func(list(cg.conv2d_gemm_te(c.shape, _tile(kernel),
+                                                           direct=True, **quant)))
+        assert "A_packed" not in f.script(), c.name
+        for tag, knobs in DIRECT_KNOBS.items():
+            knobs = knobs or cg.default_knobs(c.shape, kernel)
+            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+    funcs = {n: f.with_attr("global_symbol", n) for n, f in funcs.items()}
+    ex = tvm.compile(tvm.IRModule(funcs), target=target)
+    assert all(ins in ex.mod.inspect_source("asm") for ins in kernel.instructions)
+    lib = build.export_aarch64(ex, tmp_path / "direct.so")
+    sess = devices.session(level)
+    sess.upload(str(lib))
+    rlib = sess.load_module(lib.name)
+    dev = sess.cpu(0)
+    for i, c in enumerate(DIRECT_CASES):
+        args, expected = _case_data(c, 100 + i, kernel)
+        for tag in DIRECT_KNOBS:
+            shp = c.shape
+            out = tvm.runtime.tensor(np.zeros((shp.gemm_m, 1, shp.gemm_n), np.int8), dev)
+            rlib[f"{c.name}_{tag}"](*[tvm.runtime.tensor(a, dev) for a in args], out)
+            np.testing.assert_array_equal(out.numpy().reshape(expected.shape), expected,
+                                          err_msg=f"{c.name} {tag} at {level}")
+    report(f"conv2d_gemm direct read {kernel.name:28s} {level:8s} {len(DIRECT_CASES)} "
+           f"cases x {len(DIRECT_KNOBS)} knobs bit-exact")
+
+
+def test_direct_read_only_where_it_applies():
+    """Direct read needs a pointwise, ungrouped layer with M % mr == 0, K % kr == 0 and
+    K >= DIRECT_MIN_K and a by-element kernel; every other layer and kernel keeps the A
+    pack."""
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    assert cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), dot)
+    assert cg.reads_input_directly(S(1, 14, 14, cg.DIRECT_MIN_K, 8, 1, 1), dot)
+    small_k = S(1, 14, 14, cg.DIRECT_MIN_K - dot.kr, 8, 1, 1)
+    assert cg.can_read_input_directly(small_k, dot) and not cg.reads_input_directly(small_k, dot)
+    packed = cg.conv2d_gemm_func(small_k, _tile(dot), kernel=dot, in_zp=0, out_zp=0,
+                                 act_range=(-128, 127))
+    assert "A_packed" in packed.script()
+    assert not cg.reads_input_directly(S(1, 7, 7, 160, 960, 1, 1), dot)  # M = 49
+    assert not cg.reads_input_directly(S(1, 4, 4, 6, 8, 1, 1), dot)  # K = 6
+    assert not cg.reads_input_directly(S(1, 4, 4, 8, 8, 3, 3, padding=(1, 1, 1, 1)), dot)
+    assert not cg.reads_input_directly(S(1, 4, 4, 8, 8, 1, 1, groups=2), dot)
+    for other in ("neon", "i8mm"):
+        kernel = kernels.select(build.resolve_target(other), "int8", "int8")
+        assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), kernel), other
+    assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)

@@ -338,6 +338,25 @@ def test_names_follow_the_grammar_and_are_the_intrinsic_names():
     assert kernels.TABLE[0].isa == "ref"  # the bottom rung answers for every target
 
 
+def test_direct_read_form_is_the_signed_by_element_kernel_only():
+    """The direct-read intrinsic (A read in place, ``kernels.desc_direct``) exists for the
+    int8 by-element sdot kernel alone, registers per (K, n_tiles) under its own name and
+    rejects a K that is no multiple of kr (its A is not padded). Its results on the device
+    are checked by tests/test_conv2d_gemm.py (direct-read cases)."""
+    from tvm.s_tir import TensorIntrin
+
+    direct = [k.name for k in kernels.TABLE if kernels.has_direct(k)]
+    assert direct == [kernels.GEMM_S8S8S32_4X4X4_DOTPROD]
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    for k, n_tiles in ((16, 1), (40, 4), (512, 2)):
+        name = kernels.register_direct(dot, k, n_tiles)
+        assert name == kernels.direct_name(dot, k, n_tiles) and TensorIntrin.get(name)
+    with pytest.raises(ValueError, match="multiple of kr"):
+        kernels.register_direct(dot, 18, 1)
+    with pytest.raises(ValueError, match="no direct-read"):
+        kernels.register_direct(kernels.get(kernels.GEMM_S8S8S32_4X4X16_DOTPROD), 16, 1)
+
+
 @pytest.mark.parametrize("level, a, b, want", [
     ("neon", "int8", "int8", kernels.GEMM_S8S8S32_4X4X16_NEON),
     ("dotprod", "int8", "int8", kernels.GEMM_S8S8S32_4X4X4_DOTPROD),
