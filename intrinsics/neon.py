@@ -47,20 +47,25 @@ _HALF = 8  # int8 lanes a widening multiply takes from each 128-bit row (one hal
 _LANES = 4  # int32 lanes of the accumulator
 
 
-def impl(kernel: Kernel):
-    """The impl PrimFunc of the Armv8.0 kernel (see the module docstring)."""
-    from tvm import tirx
-    from tvm.script import tirx as T
-
+def _widening_setup(kernel: Kernel):
+    """Check ``kernel`` is one of this module's and return what both forms build from:
+    (mull, addlp, product dtype, mr, nr, kr, half-register dtype, accumulator dtype)."""
     if kernel not in KERNELS:
         raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
     if kernel.a_dtype != kernel.b_dtype:
         raise ValueError(f"{kernel.name}: smull/umull need operands of one signedness")
     kernels.check_shape(kernel, _LANES, _LANES, 2 * _HALF)
     mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    half = f"{kernel.a_dtype}x{_HALF}"
-    acc = f"int32x{_LANES}"
+    return (mull, addlp, prod_dtype, kernel.mr, kernel.nr, kernel.kr,
+            f"{kernel.a_dtype}x{_HALF}", f"int32x{_LANES}")
+
+
+def impl(kernel: Kernel):
+    """The impl PrimFunc of the Armv8.0 kernel (see the module docstring)."""
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
 
     def halves(buf, r):
         v = T.bind(buf.vload([r, 0], f"{kernel.a_dtype}x{kr}"))
@@ -104,13 +109,7 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    if kernel not in KERNELS:
-        raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
-    kernels.check_shape(kernel, _LANES, _LANES, 2 * _HALF)
-    mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    half = f"{kernel.a_dtype}x{_HALF}"
-    acc = f"int32x{_LANES}"
+    mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
     products = f"{prod_dtype}x{_HALF}"
 
     def emit(A, B, C):

@@ -84,16 +84,19 @@ def _case_data(case: Case, seed: int, kernel):
     return args, expected
 
 
-def _module(cases, kernel, target, knobs):
-    import tvm
-
+def _funcs(cases, kernel, target, knobs) -> dict:
+    """name -> the scheduled conv2d_gemm of each case."""
     funcs = {}
     for c in cases:
         f = cg.conv2d_gemm_func(c.shape, _tile(kernel), in_zp=c.in_zp, out_zp=c.out_zp,
                                 act_range=c.act_range)
-        funcs[c.name] = cg.schedule_conv2d_gemm(f, kernel, target, knobs).with_attr(
-            "global_symbol", c.name)
-    return tvm.IRModule(funcs)
+        funcs[c.name] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+    return funcs
+
+
+def _out_shape(shape: cg.Conv2DShape) -> tuple[int, int, int]:
+    """The conv2d_gemm output buffer: [pixels, groups, channels per group]."""
+    return (shape.gemm_m, shape.groups, shape.gemm_n)
 
 
 def test_reference_matches_itself_on_known_values():
@@ -121,28 +124,19 @@ def test_packing_layout():
 
 
 @pytest.mark.parametrize("path", ["reference", "best"])
-def test_conv2d_gemm_on_device(devices, level, path, tmp_path, report):
+def test_conv2d_gemm_on_device(run_funcs, level, path, tmp_path, report):
     """Every case, bit-exact, with the scalar reference kernel and with the best micro-kernel
     of the level (neon: smull+sadalp, dotprod: sdot, i8mm: smmla), whose instruction the
     compiled module must contain."""
-    import tvm
-
     target = build.resolve_target(level)
     kernel = REFERENCE if path == "reference" else kernels.select(target, "int8", "int8")
-    ex = tvm.compile(_module(CASES, kernel, target, KNOBS[path]), target=target)
-    asm = ex.mod.inspect_source("asm")
+    data = [_case_data(case, i, kernel) for i, case in enumerate(CASES)]
+    asm, outs = run_funcs(level, _funcs(CASES, kernel, target, KNOBS[path]),
+                          [(case.name, args, _out_shape(case.shape), np.int8)
+                           for case, (args, _) in zip(CASES, data)], tmp_path / "conv.so")
     assert all(ins in asm for ins in kernel.instructions), kernel.instructions
-    lib = build.export_aarch64(ex, tmp_path / "conv.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
-    for i, case in enumerate(CASES):
-        args, expected = _case_data(case, i, kernel)
-        shp = case.shape
-        out = tvm.runtime.tensor(np.zeros((shp.gemm_m, shp.groups, shp.gemm_n), np.int8), dev)
-        rlib[case.name](*[tvm.runtime.tensor(a, dev) for a in args], out)
-        got = out.numpy().reshape(expected.shape)
+    for case, (_, expected), out in zip(CASES, data, outs):
+        got = out.reshape(expected.shape)
         assert len(np.unique(expected)) > 8, "the case must exercise the output range"
         np.testing.assert_array_equal(got, expected, err_msg=f"{case.name} at {level}")
     report(f"conv2d_gemm {kernel.name:28s} {level:8s} {len(CASES)} cases bit-exact")
@@ -176,11 +170,9 @@ def _tflite_case(path):
     return layer, shape, mult.astype(np.int32), shift.astype(np.int32)
 
 
-def test_conv2d_matches_tflite(devices, level, zoo_model, tmp_path, report):
+def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
     """The zoo's CONV_2D (1x1, 3x3, strided, dilated, grouped) and FULLY_CONNECTED models
     through the best kernel of the level equal TFLite's reference kernels, bit for bit."""
-    import tvm
-
     from tvm_armq.tflite_model import TFLiteModel
 
     target = build.resolve_target(level)
@@ -191,8 +183,7 @@ def test_conv2d_matches_tflite(devices, level, zoo_model, tmp_path, report):
         layer, shape, mult, shift = _tflite_case(path)
         f = cg.conv2d_gemm_func(shape, _tile(kernel), in_zp=layer.in_zp, out_zp=layer.out_zp,
                                 act_range=layer.act_range)
-        funcs[name] = cg.schedule_conv2d_gemm(f, kernel, target, KNOBS["best"]).with_attr(
-            "global_symbol", name)
+        funcs[name] = cg.schedule_conv2d_gemm(f, kernel, target, KNOBS["best"])
         w = layer.weight_hwio()
         params = [cg.pack_weights(w, _tile(kernel), shape.groups),
                   cg.fold_bias(w, layer.bias, layer.in_zp), mult, shift]
@@ -202,18 +193,12 @@ def test_conv2d_matches_tflite(devices, level, zoo_model, tmp_path, report):
             (y,) = model.reference_outputs(x)
             runs.append((name, seed, [x[0].reshape(shape.batch, shape.in_h, shape.in_w,
                                                    shape.in_c)] + params, shape, y))
-    lib = build.export_aarch64(tvm.compile(tvm.IRModule(funcs), target=target),
-                               tmp_path / "tflite_convs.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
-    for name, seed, args, shape, y in runs:
-        out = tvm.runtime.tensor(np.zeros((shape.gemm_m, shape.groups, shape.gemm_n), np.int8),
-                                 dev)
-        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
+    _, outs = run_funcs(level, funcs, [(name, args, _out_shape(shape), np.int8)
+                                       for name, _, args, shape, _ in runs],
+                        tmp_path / "tflite_convs.so")
+    for (name, seed, _, _, y), out in zip(runs, outs):
         assert len(np.unique(y)) > 4, f"{name}: degenerate reference output"
-        np.testing.assert_array_equal(out.numpy().reshape(y.shape), y,
+        np.testing.assert_array_equal(out.reshape(y.shape), y,
                                       err_msg=f"{name} seed {seed} at {level}")
     report(f"conv2d_gemm vs TFLite {kernel.name:28s} {level:8s} "
            f"{', '.join(TFLITE_MODELS)} bit-exact")
@@ -225,10 +210,9 @@ SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 8, 8, 16, 3, 3, padding=(1, 1, 1, 1))
 SEEDS = range(1, 7)
 
 
-def test_sample_conv2d_gemm_on_device(devices, level, tmp_path, report):
+def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
     """``sample_conv2d_gemm`` with several seeds: the traces differ (the knobs are sampled),
     each candidate is tensorized with the level's kernel, and every one is bit-exact."""
-    import tvm
     from tvm import s_tir
 
     target = build.resolve_target(level)
@@ -247,21 +231,14 @@ def test_sample_conv2d_gemm_on_device(devices, level, tmp_path, report):
         knobs = 2 if kernels.has_k_loop(kernel) else 3
         assert kinds.count("SamplePerfectTile") == knobs and "Tensorize" in kinds, kinds
         decisions.add(tuple(tuple(int(x) for x in d) for d in trace.decisions.values()))
-        funcs[f"seed{seed}"] = sch.mod["main"].with_attr("global_symbol", f"seed{seed}")
+        funcs[f"seed{seed}"] = sch.mod["main"]
     assert len(decisions) > 1, f"{len(SEEDS)} seeds sampled one and the same schedule"
-    ex = tvm.compile(tvm.IRModule(funcs), target=target)
-    assert all(ins in ex.mod.inspect_source("asm") for ins in kernel.instructions)
-    lib = build.export_aarch64(ex, tmp_path / "sampled.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
     args, expected = _case_data(c, 0, kernel)
-    shp = c.shape
-    for name in funcs:
-        out = tvm.runtime.tensor(np.zeros((shp.gemm_m, shp.groups, shp.gemm_n), np.int8), dev)
-        rlib[name](*[tvm.runtime.tensor(a, dev) for a in args], out)
-        np.testing.assert_array_equal(out.numpy().reshape(expected.shape), expected,
+    asm, outs = run_funcs(level, funcs, [(name, args, _out_shape(c.shape), np.int8)
+                                         for name in funcs], tmp_path / "sampled.so")
+    assert all(ins in asm for ins in kernel.instructions)
+    for name, out in zip(funcs, outs):
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected,
                                       err_msg=f"{name} at {level}")
     report(f"conv2d_gemm sampled {kernel.name:28s} {level:8s} {len(decisions)} distinct "
            f"schedules of {len(SEEDS)} seeds bit-exact")
@@ -306,11 +283,10 @@ DIRECT_CASES = [
 DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
 
 
-def test_direct_read_pointwise_on_device(devices, tmp_path, report):
+def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
     """At dotprod, a pointwise GEMM that reads its input in place (no A_packed stage) with
     the by-element kernel is bit-exact, with default knobs and with 2 x 2 tiles; from
     DIRECT_MIN_K, conv2d_gemm_func builds that form by itself."""
-    import tvm
     from tvm import te
 
     level = "dotprod"
@@ -329,22 +305,14 @@ def test_direct_read_pointwise_on_device(devices, tmp_path, report):
         for tag, knobs in DIRECT_KNOBS.items():
             knobs = knobs or cg.default_knobs(c.shape, kernel)
             funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
-    funcs = {n: f.with_attr("global_symbol", n) for n, f in funcs.items()}
-    ex = tvm.compile(tvm.IRModule(funcs), target=target)
-    assert all(ins in ex.mod.inspect_source("asm") for ins in kernel.instructions)
-    lib = build.export_aarch64(ex, tmp_path / "direct.so")
-    sess = devices.session(level)
-    sess.upload(str(lib))
-    rlib = sess.load_module(lib.name)
-    dev = sess.cpu(0)
-    for i, c in enumerate(DIRECT_CASES):
-        args, expected = _case_data(c, 100 + i, kernel)
-        for tag in DIRECT_KNOBS:
-            shp = c.shape
-            out = tvm.runtime.tensor(np.zeros((shp.gemm_m, 1, shp.gemm_n), np.int8), dev)
-            rlib[f"{c.name}_{tag}"](*[tvm.runtime.tensor(a, dev) for a in args], out)
-            np.testing.assert_array_equal(out.numpy().reshape(expected.shape), expected,
-                                          err_msg=f"{c.name} {tag} at {level}")
+    data = [_case_data(c, 100 + i, kernel) for i, c in enumerate(DIRECT_CASES)]
+    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
+             for c, (args, _) in zip(DIRECT_CASES, data) for tag in DIRECT_KNOBS]
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "direct.so")
+    assert all(ins in asm for ins in kernel.instructions)
+    expected = [exp for _, exp in data for _ in DIRECT_KNOBS]
+    for (name, *_), out, exp in zip(calls, outs, expected):
+        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
     report(f"conv2d_gemm direct read {kernel.name:28s} {level:8s} {len(DIRECT_CASES)} "
            f"cases x {len(DIRECT_KNOBS)} knobs bit-exact")
 

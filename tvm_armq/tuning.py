@@ -377,8 +377,6 @@ class ProgressCallback(PyMeasureCallback):
 def _device(tracker, level: str | None, target, work: Path):
     """The endpoint (tracker host, port, key) trials are measured on; with no ``tracker``,
     a tracker and the emulated device of ``level`` started here and stopped after."""
-    from . import device
-
     if tracker is not None:
         try:
             endpoint = tracker if isinstance(tracker, Endpoint) else Endpoint.parse(tracker)
