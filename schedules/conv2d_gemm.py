@@ -548,9 +548,9 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
     random variables feed the splits directly, so replaying or mutating the trace changes
     the tiles and every candidate stays tensorized. (A kernel tensorized over the whole K
     loop, ``kernels.has_k_loop`` with more than one K block, or read in place,
-    ``reads_input_directly``, has no k_unroll: two samples. The direct-read intrinsic is
-    registered per n_tiles, so its Tensorize names the n_tiles sampled: a trace whose
-    n_tiles is mutated no longer tensorizes and the candidate is dropped.) ``parallel``
+    ``reads_input_directly``, has no k_unroll; the direct-read intrinsic is registered per
+    n_tiles, so there n_tiles is not sampled but fixed at its default, and m_tiles is the
+    one sample: a mutated trace then always tensorizes.) ``parallel``
     is a fixed choice (it follows how the module will be run, not a
     tunable). Usable as the schedule function of
     ``tvm.s_tir.meta_schedule.space_generator.ScheduleFn``.
@@ -560,7 +560,12 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
         raise ValueError(f"sample_conv2d_gemm: {kernel.name} is the scalar reference; the "
                          "design space is for tensorized micro-kernels")
 
+    direct = "A_packed" not in [sch.get(b).name_hint
+                                for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
     def sampled_tile(loop, knob):
+        if direct and knob == "n_tiles":
+            return [None, _direct_n_tiles(sch.get(loop).extent.value, kernel)]
         return list(sch.sample_perfect_tile(loop, n=2,
                                             max_innermost_factor=SAMPLE_MAX_INNER[knob]))
 

@@ -286,8 +286,9 @@ DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_u
 def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
     """At dotprod, a pointwise GEMM that reads its input in place (no A_packed stage) with
     the by-element kernel is bit-exact, with default knobs and with 2 x 2 tiles; from
-    DIRECT_MIN_K, conv2d_gemm_func builds that form by itself."""
-    from tvm import te
+    DIRECT_MIN_K, conv2d_gemm_func builds that form by itself; a candidate of the tuner's
+    design space (sample_conv2d_gemm) is tensorized and bit-exact too."""
+    from tvm import s_tir, te
 
     level = "dotprod"
     target = build.resolve_target(level)
@@ -305,16 +306,23 @@ def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
         for tag, knobs in DIRECT_KNOBS.items():
             knobs = knobs or cg.default_knobs(c.shape, kernel)
             funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+        # the design space of a direct-read layer: m_tiles sampled, n_tiles fixed
+        sch = s_tir.Schedule(f, seed=3)
+        cg.sample_conv2d_gemm(sch, kernel, target)
+        kinds = [inst.kind.name for inst in sch.trace.insts]
+        assert kinds.count("SamplePerfectTile") == 1 and "Tensorize" in kinds, kinds
+        funcs[f"{c.name}_sampled"] = sch.mod["main"]
+    tags = list(DIRECT_KNOBS) + ["sampled"]
     data = [_case_data(c, 100 + i, kernel) for i, c in enumerate(DIRECT_CASES)]
     calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
-             for c, (args, _) in zip(DIRECT_CASES, data) for tag in DIRECT_KNOBS]
+             for c, (args, _) in zip(DIRECT_CASES, data) for tag in tags]
     asm, outs = run_funcs(level, funcs, calls, tmp_path / "direct.so")
     assert all(ins in asm for ins in kernel.instructions)
-    expected = [exp for _, exp in data for _ in DIRECT_KNOBS]
+    expected = [exp for _, exp in data for _ in tags]
     for (name, *_), out, exp in zip(calls, outs, expected):
         np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
     report(f"conv2d_gemm direct read {kernel.name:28s} {level:8s} {len(DIRECT_CASES)} "
-           f"cases x {len(DIRECT_KNOBS)} knobs bit-exact")
+           f"cases x {len(tags)} schedules bit-exact")
 
 
 def test_direct_read_only_where_it_applies():
