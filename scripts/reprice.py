@@ -43,10 +43,11 @@ def reprice(side: dict, level: str) -> float:
     """Corrected estimated cycles per run of one side of an armperf result."""
     before = after = 0.0
     for block in side["hot"]:  # cycles and execs are per run already
-        decoded = [_priceable(decode_line(line)) for line in block["code"]]
+        decoded = [decode_line(line) for line in block["code"]]
         cycles = block["cycles"]
         before += cycles
-        if any(d != c and not d.startswith("mov ") for d, c in zip(decoded, block["code"])):
-            cycles = mca_cycles(decoded, CORE[level]) * block["execs"]
+        if decoded != block["code"]:
+            cycles = mca_cycles([_priceable(line) for line in decoded],
+                                CORE[level]) * block["execs"]
         after += cycles
     return side["cycles_per_run"] - before + after

@@ -95,11 +95,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
                 f"(tvm_armq's kernels); {describe_target(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
-    database = None
-    if tuning_database is not None:
-        from . import tuning
-
-        database = tuning.load_database(tuning_database)
+    database = _load_database(tuning_database)
     layers = [] if report is None else report
     with tgt:
         mod = integrate.quantized_to_integer(tgt, database=database, report=layers)(mod)
@@ -116,6 +112,15 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
 
 
+def _load_database(tuning_database):
+    """The MetaSchedule database of a ``tune`` work directory, or None without one."""
+    if tuning_database is None:
+        return None
+    from . import tuning
+
+    return tuning.load_database(tuning_database)
+
+
 def inspect(model, target, *, tuning_database=None) -> list:
     """What each quantized layer of ``model`` becomes for ``target``, in model order:
     ``integrate.Lowered`` (op, shapes, the kernel's name in the selection table, tuned or
@@ -127,11 +132,7 @@ def inspect(model, target, *, tuning_database=None) -> list:
         raise UnsupportedTarget(f"{describe_target(tgt)} is not an aarch64 LLVM target: "
                                 "tvm_armq leaves the "
                                 "whole model to stock TVM")
-    database = None
-    if tuning_database is not None:
-        from . import tuning
-
-        database = tuning.load_database(tuning_database)
+    database = _load_database(tuning_database)
     report: list = []
     with tgt:
         integrate.quantized_to_integer(tgt, database=database, report=report,

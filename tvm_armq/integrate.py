@@ -192,10 +192,15 @@ def _qparams(graph: _Graph, call) -> QParams:
     return QParams(scale.astype(np.float32), zp.astype(np.int32), int(call.attrs.axis))
 
 
+def _dequantize_of(graph: _Graph, expr):
+    """The ``dequantize`` call ``expr`` comes from, looking through a reshape, or None."""
+    reshape = graph.call(expr, "relax.reshape")
+    return graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
+
+
 def _dequantized_const(graph: _Graph, expr, what: str):
     """(int constant, QParams) of ``dequantize(constant)``, looking through a reshape."""
-    reshape = graph.call(expr, "relax.reshape")
-    deq = graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
+    deq = _dequantize_of(graph, expr)
     if deq is None:
         raise NotInteger(f"{what} is not a dequantized constant")
     value = graph.const(deq.args[0])
@@ -325,6 +330,29 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
 
 
 # ------------------------------------------------------------------ integer kernels
+@dataclasses.dataclass
+class _KernelCall:
+    """One ``call_tir`` for the pass to emit."""
+
+    func: object
+    name: str
+    inputs: list            # graph variables, or (variable, shape the func takes), in order
+    consts: list            # NumPy arrays after the inputs
+    out_shape: tuple
+    record: Lowered
+    out_dtype: str = "int8"
+    after: list = dataclasses.field(default_factory=list)  # _KernelCalls after the consts
+
+
+@dataclasses.dataclass
+class _Concat:
+    """A concatenation: each input as it is (``func`` None) or requantized, then a copy."""
+
+    parts: list             # _KernelCalls, one per input
+    axis: int
+    record: Lowered
+
+
 def _requant(layer: _Layer):
     from tvm_armq.intrinsics import requant
 
@@ -339,8 +367,9 @@ def _conv_window(layer: _Layer) -> dict:
                 padding=tuple(int(v) for v in a.padding))
 
 
-def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
-    """conv2d / dense as ``schedules.conv2d_gemm``: (func, constants, out shape, name, tuned).
+def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=True):
+    """conv2d / dense as ``schedules.conv2d_gemm``; uint8 with a weight zero point also
+    runs ``schedules.conv2d_u8``'s row sums first.
 
     ``tasks`` (if not None) collects the unscheduled func, for the autotuner."""
     from tvm_armq.intrinsics import kernels
@@ -377,19 +406,20 @@ def _gemm_kernel(layer: _Layer, target, database, tasks, schedule=True):
     mult, shift = _requant(layer)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
-    data_shape = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
-    out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
-    row_sums = None
+    data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
+    after = []
     if layer.w_zp:  # the weight zero point needs each output pixel's sum of inputs
         from tvm_armq.schedules import conv2d_u8 as cu
 
         f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
-        row_sums = (cu.schedule_row_sums(f) if schedule else f,
-                    (shape.gemm_m, shape.groups))
-    return scheduled, data_shape, consts, out_shape, kernel.name, tuned, row_sums
+        after.append(_KernelCall(cu.schedule_row_sums(f) if schedule else f, "row_sums", data,
+                                 [], (shape.gemm_m, shape.groups), None, "int32"))
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned)
+    return _KernelCall(scheduled, layer.op, data, consts,
+                       (shape.gemm_m, shape.groups, shape.gemm_n), record, dtype, after)
 
 
-def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
+def _depthwise_kernel(layer: _Layer, label: str, target, database, tasks, schedule=True):
     """Depthwise conv2d as ``schedules.depthwise`` (one NEON schedule for every level)."""
     from tvm_armq.schedules import depthwise as dw
 
@@ -406,8 +436,10 @@ def _depthwise_kernel(layer: _Layer, target, database, tasks, schedule=True):
     scheduled = dw.schedule_depthwise(func, shape) if schedule else func
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
-    name = f"depthwise_s8s8s32_{kh}x{kw}_neon"
-    return scheduled, (b, h, w, c), consts, (b, shape.out_h, shape.out_w, n), name, False, None
+    record = Lowered(layer.op, label, (b, h, w, c), layer.out_shape,
+                     f"depthwise_s8s8s32_{kh}x{kw}_neon")
+    return _KernelCall(scheduled, layer.op, [layer.x], consts,
+                       (b, shape.out_h, shape.out_w, n), record)
 
 
 # ------------------------------------------------------------------ other int8 ops
@@ -441,7 +473,7 @@ def _quantized_var(graph: _Graph, expr, what: str):
     return x, _qparams(graph, deq).scalar(what)
 
 
-def _out_range(graph, quantize, clip, act, out_q) -> tuple[int, int]:
+def _out_range(clip, act, out_q) -> tuple[int, int]:
     """The output clamp: the float activation before the quantize and/or the frontend's
     clip after it, both recomputed TFLite's way, intersected."""
     lo, hi = activation_range(act, out_q[0], out_q[1], "int8")
@@ -451,21 +483,7 @@ def _out_range(graph, quantize, clip, act, out_q) -> tuple[int, int]:
     return lo, hi
 
 
-@dataclasses.dataclass
-class _KernelCall:
-    """One ``call_tir`` for the pass to emit."""
-
-    func: object
-    name: str
-    inputs: list            # graph variables (or _KernelCalls), in the func's parameter order
-    consts: list            # NumPy arrays after the inputs
-    out_shape: tuple
-    record: Lowered
-    out_dtype: str = "int8"
-    after: list = dataclasses.field(default_factory=list)  # _KernelCalls after the consts
-
-
-def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _KernelCall:
+def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
     """The non-GEMM int8 ops (``schedules.int8_ops``), TFLite's reference arithmetic."""
     from tvm_armq.schedules import int8_ops as ops
 
@@ -479,7 +497,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _
     if core is None:
         raise NotInteger("no integer kernel for this op")
     op = core.op.name.replace("relax.", "").replace("nn.", "")
-    act_range = _out_range(graph, quantize, clip, act, out_q)
+    act_range = _out_range(clip, act, out_q)
 
     def record(kernel, inputs):
         return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
@@ -512,17 +530,15 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> list[_KernelCall] | _
                            Lowered("quantize", label, _shape(x), out_shape, "requantize_s8"))
     # concat: inputs already in the output's quantization are copied as they are; the
     # others are requantized first (what TFLite's converter puts in front of them).
-    calls = []
+    parts = []
     for i, e in enumerate(core.args[0].fields if hasattr(core.args[0], "fields")
                           else graph.defs[core.args[0]].fields):
         x, x_q = _quantized_var(graph, e, f"concat input {i}")
         func = None if x_q == out_q else ops.requantize_func(_shape(x), x_q, out_q)
-        calls.append(_KernelCall(func, "requantize", [x], [], _shape(x), None))
-    calls.append(int(core.attrs.axis))
-    calls.append(Lowered("concat", label, _shape(calls[0].inputs[0]), out_shape,
-                         "concat_s8" + ("" if all(c.func is None for c in calls[:-2])
-                                        else "+requantize_s8")))
-    return calls
+        parts.append(_KernelCall(func, "requantize", [x], [], _shape(x), None))
+    kernel = "concat_s8" + ("" if all(p.func is None for p in parts) else "+requantize_s8")
+    return _Concat(parts, int(core.attrs.axis),
+                   Lowered("concat", label, _shape(parts[0].inputs[0]), out_shape, kernel))
 
 
 def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
@@ -603,20 +619,14 @@ def _lowering_rewriter():
             return self._try(label, op, lambda: _int8_op(self.graph, quantize, clip, label))
 
         def _has_const_arm(self, add):
-            return any(self.graph.const(_dequantized_input(self.graph, a)) is not None
-                       for a in add.args)
+            """An add of a dequantized constant: a conv/dense's bias, not an ADD layer."""
+            deqs = (_dequantize_of(self.graph, a) for a in add.args)
+            return any(d is not None and self.graph.const(d.args[0]) is not None for d in deqs)
 
         def _gemm(self, label, quantize, clip) -> _KernelCall:
             layer = _match_layer(self.graph, quantize, clip)
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
-            func, data_shape, consts, out_shape, kname, tuned, row_sums = make(
-                layer, self.target, self.database, self.tasks, self.schedule)
-            record = Lowered(layer.op, label, _shape(layer.x), layer.out_shape, kname, tuned)
-            after = [] if row_sums is None else [
-                _KernelCall(row_sums[0], "row_sums", [(layer.x, data_shape)], [], row_sums[1],
-                            None, "int32")]
-            return _KernelCall(func, layer.op, [(layer.x, data_shape)], consts, out_shape,
-                               record, layer.out_dtype, after)
+            return make(layer, label, self.target, self.database, self.tasks, self.schedule)
 
         def _call_tir(self, kc: _KernelCall):
             """Emit ``kc``; returns the output expression (not yet bound)."""
@@ -634,12 +644,11 @@ def _lowering_rewriter():
             return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, kc.out_dtype))
 
         def _emit(self, made):
-            if isinstance(made, list):  # concat: requantized (or raw) inputs, then a copy
-                *calls, axis, record = made
-                parts = [self.builder_.emit(self._call_tir(c)) if c.func is not None
-                         else self.visit_expr(c.inputs[0]) for c in calls]
-                self.report.append(record)
-                return relax.op.concat(parts, axis)
+            if isinstance(made, _Concat):
+                parts = [self.builder_.emit(self._call_tir(p)) if p.func is not None
+                         else self.visit_expr(p.inputs[0]) for p in made.parts]
+                self.report.append(made.record)
+                return relax.op.concat(parts, made.axis)
             out = self._call_tir(made)
             final = made.record.out_shape
             if tuple(made.out_shape) != tuple(final):
@@ -648,13 +657,6 @@ def _lowering_rewriter():
             return out
 
     return Rewriter
-
-
-def _dequantized_input(graph: _Graph, expr):
-    """What a dequantize (possibly behind a reshape) reads, or ``expr`` itself."""
-    reshape = graph.call(expr, "relax.reshape")
-    deq = graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
-    return deq.args[0] if deq is not None else expr
 
 
 def _op_names(value) -> tuple[str, ...]:
