@@ -64,9 +64,11 @@ The aarch64 form of double rounding, one int32x4 register per operand::
     x         [   x0   |   x1   |   x2   |   x3   ]   int32 accumulators
     m         [   m0   |   m1   |   m2   |   m3   ]   Q0.31 multipliers (per channel, or a splat)
     s         [   s0   |   s1   |   s2   |   s3   ]   shifts (per channel, or a splat)
-       a = x << max(s, 0)                  ushl     (omitted for a constant s <= 0)
+       a = x << max(s, 0)                  ushl     (omitted when s <= 0: a constant, or
+                                                     bounded, e.g. s = min(shift, 0))
        h = sqrdmulh(a, m)                  sqrdmulh  = sat((2*a*m + 2**31) >> 32), half up
        f = (h & min(s, 0)) >> 31           and, sshr = -1 in lanes with h < 0 and s < 0
+                                           (h >> 31 alone when s < 0 is known: ssra)
        r = srshl(h + f, min(s, 0))         srshl     = (h + f + 2**(e-1)) >> e, e = -min(s, 0)
 
 ``srshl`` rounds ties up; subtracting one from negative lanes first turns that into TFLite's
@@ -199,6 +201,17 @@ def qmuls(x, m, q, s, rounding: str = "double"):
                             IntImm("int32", Q31), s)
 
 
+def bounded_shift(s, max_shift: int | None):
+    """The shift ``s`` with a compile-time fact written into it: every value it takes is at
+    most ``max_shift``. It becomes ``min(s, max_shift)``, which equals ``s`` for those
+    values and whose bound the aarch64 lowering reads (``_shift_max``): at most 0, no left
+    shift; at most -1, a cheaper rounding fixup. ``None`` or a bound above 0 changes
+    nothing. A func built so must only be given such shifts (its ``pack_params`` checks)."""
+    if max_shift is None or max_shift > 0:
+        return s
+    return tirx.min(s, max_shift)
+
+
 def _operands(call):
     """(rounding, x, m, s, lanes) of a qmuls call, m and s broadcast to x's lanes."""
     rounding = ROUNDING_OF_OP[call.op.name]
@@ -272,13 +285,25 @@ def _llvm(dtype: str, name: str, *args):
     return tirx.call_llvm_pure_intrin(dtype, name, *args)
 
 
-def _aarch64_double(x, m, s, lanes: int):
-    """sqrdmulh + srshl with the ties-away fixup; lanes is 1, 2 or 4."""
+def _shift_max(s) -> int:
+    """The largest value the shift expression ``s`` can take, by TVM's bound analysis: a
+    func that knows its layer's shifts writes ``min(shift[c], bound)`` (see
+    ``conv2d_gemm_te``'s ``max_shift``), and the lowering then leaves out what cannot occur."""
+    from tvm.sym.analyzer import Analyzer
+
+    return int(Analyzer().const_int_bound(s).max_value)
+
+
+def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"]):
+    """sqrdmulh + srshl with the ties-away fixup; lanes is 1, 2 or 4. ``s_max`` bounds a
+    run-time shift: <= 0, no left shift (ushl); <= -1, the fixup is h's sign alone."""
     i32 = _vec("int32", lanes)
     k = _const_int(s)
     if k is not None:
         a = x << _const(k, "int32", lanes) if k > 0 else x
         right_neg = _const(min(k, 0), "int32", lanes)
+    elif s_max <= 0:
+        a, right_neg = x, s
     else:
         zero = _const(0, "int32", lanes)
         a = x << tirx.max(s, zero)
@@ -289,14 +314,14 @@ def _aarch64_double(x, m, s, lanes: int):
     sign = _const(SIGN_BIT, "int32", lanes)
     # -1 in the lanes to round away from zero (h < 0 and a real right shift), else 0.
     # For a constant negative shift the mask is all ones in its sign bit: just h's sign.
-    fixup = h >> sign if k is not None else (h & right_neg) >> sign
+    fixup = h >> sign if k is not None or s_max < 0 else (h & right_neg) >> sign
     if lanes == 1:  # srshl has no 32-bit scalar form: use the 64-bit one, exact here
         wide = _llvm("int64", SRSHL, Cast("int64", h + fixup), Cast("int64", right_neg))
         return Cast("int32", wide)
     return _llvm(i32, SRSHL, h + fixup, right_neg)
 
 
-def _aarch64_single(x, m, s, lanes: int):
+def _aarch64_single(x, m, s, lanes: int, s_max: int = MAX_SHIFT["single"]):
     """One rounding shift of the exact product: smull, srshl on int64 by s - 31, narrow."""
     i64 = _vec("int64", lanes)
     product = Cast(i64, x) * Cast(i64, m)
@@ -328,15 +353,17 @@ def lower_aarch64(call):
         return call
     rounding, x, m, s, lanes = _operands(call)
     body = _aarch64_double if rounding == "double" else _aarch64_single
+    s_max = _shift_max(s)
     if lanes in (1, 2, NEON_INT32_LANES):
-        return body(x, m, s, lanes)
+        return body(x, m, s, lanes, s_max)
     if lanes % NEON_INT32_LANES:
         return call  # odd vector widths: the default rule handles them
     # LLVM cannot split an int32x8 sqrdmulh: do one int32x4 register at a time.
     pieces = []
     for start in range(0, lanes, NEON_INT32_LANES):
         idx = [IntImm("int32", start + i) for i in range(NEON_INT32_LANES)]
-        pieces.append(body(_take(x, idx), _take(m, idx), _take(s, idx), NEON_INT32_LANES))
+        pieces.append(body(_take(x, idx), _take(m, idx), _take(s, idx), NEON_INT32_LANES,
+                           s_max))
     return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
 
 
@@ -355,5 +382,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["qmuls", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
+__all__ = ["qmuls", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
            "requant"]

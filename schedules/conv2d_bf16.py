@@ -108,7 +108,7 @@ def conv2d_bf16_te(shape: Conv2DShape, mr_nr_kr, *, act_range=None):
 
     _, nr, kr = mr_nr_kr
     s, G = shape, shape.groups
-    nb, kb = -(-s.gemm_n // nr), -(-s.gemm_k // kr)
+    nb, kb = -(-s.gemm_n // nr), s.packed_k(kr, BF16) // kr
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), "float32", "data")
     b_packed = te.placeholder((G, nb, kb, nr, kr), BF16, "B_packed")
     bias = te.placeholder((s.out_c,), ACC_DTYPE, "bias")

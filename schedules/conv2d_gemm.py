@@ -18,6 +18,15 @@ K is padded up to the block with zeros; zeros in the K padding of both operands 
 nothing. M is padded up to the block with copies of the last row of A: the extra rows
 are computed and never stored.
 
+Few channels (``row_blocked_k``: an ungrouped layer whose input channels are not whole K
+blocks, e.g. an RGB stem with 3 channels): K is laid out one kernel row at a time, each
+row's kw * in_c bytes padded to whole K blocks (a 3x3 stem at kr = 4: 3 rows of 12 bytes,
+K = 36 instead of 27 -> 28). A kernel row's bytes lie side by side in an NHWC image (the
+kw pixels of a window row are adjacent), so each block of A is then one contiguous
+kr-byte load from the input; packed densely, a block straddles kernel rows and must be
+gathered byte by byte. The padding costs a few zero MACs per row (XNNPACK's c4 kernels
+pad each tap's channels to 4, K = 36 for the same stem).
+
 Direct read (``reads_input_directly``): for a 1x1 stride-1 convolution A *is* the
 input (row m = pixel m's channels, rows in_c bytes apart), and a by-element dot-product
 kernel can take its rows as they lie (a 16-byte load of a row holds four K steps; the
@@ -99,6 +108,17 @@ class Conv2DShape(Window2D):
         """N of one group's GEMM."""
         return self.out_c // self.groups
 
+    def kernel_row_k(self, kr: int, dtype: str) -> int | None:
+        """K elements of one kernel row in the packed operands of element type ``dtype``
+        when K is row-blocked (``row_blocked_k``), else None."""
+        return row_blocked_k(self.kh, self.kw, self.group_in_c, self.groups, kr, dtype)
+
+    def packed_k(self, kr: int, dtype: str) -> int:
+        """K of the packed operands (element type ``dtype``) in K blocks of kr, padding
+        included."""
+        row = self.kernel_row_k(kr, dtype)
+        return self.kh * row if row is not None else _ceil_div(self.gemm_k, kr) * kr
+
     @property
     def is_pointwise(self) -> bool:
         """1x1, stride 1, no padding: A is the input itself, no im2col gather needed."""
@@ -109,14 +129,36 @@ def _ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def row_blocked_k(kh: int, kw: int, cg: int, groups: int, kr: int, dtype) -> int | None:
+    """The K elements of one kernel row when K is laid out in whole blocks per kernel row
+    (module docstring: few channels), else None (K packed densely, padded at its end).
+
+    Row-blocked: an ungrouped layer of integer operands (``dtype``) whose input channels cg
+    are no multiple of kr; each row's kw * cg elements are padded up to a multiple of kr.
+    Where that pads nothing (one kernel row, or kw * cg a multiple of kr) the two layouts
+    are the same bytes. Integer only: a block's padding reads whatever input follows the
+    window (times a zero weight), and in floating point a zero times an infinity or NaN
+    there would not be zero.
+    """
+    if groups != 1 or cg % kr == 0 or not str(dtype).startswith(("int", "uint")):
+        return None
+    return _ceil_div(kw * cg, kr) * kr
+
+
 def pack_weights(weight_hwio: np.ndarray, mr_nr_kr, groups: int = 1) -> np.ndarray:
-    """HWIO weights -> B_packed[groups, N/nr, K/kr, nr, kr], zero padded.
+    """HWIO weights -> B_packed[groups, N/nr, K/kr, nr, kr], zero padded (K row-blocked
+    where ``row_blocked_k`` says so).
 
     Runs once, at compile time (the weights are constants of the model).
     """
     _, nr, kr = mr_nr_kr
     kh, kw, cg, n = weight_hwio.shape
     k, ng = kh * kw * cg, n // groups
+    row = row_blocked_k(kh, kw, cg, groups, kr, weight_hwio.dtype)
+    if row is not None:  # each kernel row's kw * cg bytes, then zeros up to the row's blocks
+        w = np.zeros((kh, row, n), weight_hwio.dtype)
+        w[:, :kw * cg] = weight_hwio.reshape(kh, kw * cg, n)
+        weight_hwio, k = w.reshape(kh, 1, row, n), kh * row
     b = np.zeros((groups, _ceil_div(ng, nr) * nr, _ceil_div(k, kr) * kr), weight_hwio.dtype)
     for g in range(groups):
         b[g, :ng, :k] = weight_hwio[..., g * ng:(g + 1) * ng].reshape(k, ng).T
@@ -150,12 +192,16 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
     mr, _, kr = mr_nr_kr
     s, G = shape, shape.groups
     m_total, k_total = s.gemm_m, s.gemm_k
-    mb, kb = _ceil_div(m_total, mr), _ceil_div(k_total, kr)
+    mb, kb = _ceil_div(m_total, mr), s.packed_k(kr, data.dtype) // kr
     pt, pl, _, _ = s.padding
     (sh, sw), (dh, dw) = s.strides, s.dilation
     ohw, cg = s.out_h * s.out_w, s.group_in_c
     cvt = convert if convert is not None else (lambda v: v)
     zero = tirx.const(0, cvt(pad_value).ty.dtype)
+    row = s.kernel_row_k(kr, data.dtype)  # K per kernel row if row-blocked, else None
+
+    if row is not None and not s.is_pointwise and dw == 1:
+        return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt)
 
     # With whole channel blocks (cg % kr == 0) and padding, the input is first copied into
     # a buffer with a border of pad_value (``data_padded``, one pass over the input): the
@@ -189,7 +235,12 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         if padded is not None:  # the window reads the bordered copy: no test per byte
             ky, kx = k0 // (s.kw * cg), (k0 // cg) % s.kw
             return cvt(padded[b, oh * sh + ky * dh, ow * sw + kx * dw, g * cg + k0 % cg + j])
-        if cg % kr == 0:
+        if row is not None:
+            # row-blocked K with dilated columns (a kernel row is not contiguous in the
+            # input): byte r of kernel row ky is tap r // cg, channel r % cg, up to kw * cg
+            ky, r = k // row, k % row
+            kx, c, in_range = r // cg, r % cg, r < s.kw * cg
+        elif cg % kr == 0:
             # A block's kr bytes are kr consecutive channels of one input pixel: say so
             # in the index (c affine in j, the pixel independent of j), so the copy of a
             # block vectorizes into one load and one store instead of kr gathers.
@@ -202,6 +253,73 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         return tirx.if_then_else(in_range, cvt(pixel), zero)
 
     return te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
+
+
+# Name of the flat-row input copy of a row-blocked im2col (``_im2col_rows_te``), and its
+# block annotation for the schedule (``_schedule_rows_copy``): [first image row, image
+# rows, vectors before the image's elements, whole vectors of them, whether a vector
+# mixing its last elements with the border follows].
+ROWS_STAGE = "data_rows"
+ROWS_INTERIOR = "tvm_armq.rows_interior"
+COPY_LANES = 16  # elements per vector of the copy: one NEON register of int8
+
+
+def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt):
+    """``im2col_packed_te`` for a row-blocked K (``row_blocked_k``; ungrouped, columns not
+    dilated): every block of A is kr contiguous elements of one image row.
+
+    The input is first copied into ``data_rows[batch, pt + H + pb, row]``: each padded
+    image row flattened to its (x, c) elements, in whole ``COPY_LANES`` vectors:
+
+        | lead | left border | the row's W * C input elements | right border | slack |
+          lead: so the input's elements start a vector (the copy is then whole vector
+                loads and stores with no test; the schedule cuts the row there)
+          slack: the last block of a window row covers up to ``kernel_row_k - kw * C``
+                elements past the window (their weights are 0); they stay in the row
+
+    with the top and bottom border rows all pad. Block (bk, i) of A for output pixel
+    (b, oh, ow) is then
+
+        data_rows[b, oh * sh + ky * dh, lead + ow * sw * C + rb * kr : + kr]
+        with ky = bk // (kernel_row_k / kr), rb = bk % (kernel_row_k / kr)
+
+    one vector load and one store, with no test.
+    """
+    from tvm import te, tirx
+
+    mr, _, kr = mr_nr_kr
+    s = shape
+    row, c = s.kernel_row_k(kr, data.dtype), s.in_c
+    blocks_per_row = row // kr
+    pt, pl, pb, pr = s.padding
+    (sh, sw), dh = s.strides, s.dilation[0]
+    left, inner = pl * c, s.in_w * c
+    lead = -left % COPY_LANES
+    first = lead + left  # where the input's elements start: a whole number of vectors
+    used = first + inner + pr * c + (row - s.kw * c)
+    row_len = _ceil_div(used, COPY_LANES) * COPY_LANES
+
+    def row_element(b, y, t):
+        inside = tirx.all(y >= pt, y < pt + s.in_h, t >= first, t < first + inner)
+        # the input by flat offset (NHWC is contiguous): row y - pt of image b starts at
+        # ((b * H + y - pt) * W) * C, so the interior is one affine index in t
+        flat = ((b * s.in_h + y - pt) * s.in_w) * c + t - first
+        return tirx.if_then_else(inside, data[0, 0, 0, flat], pad_value)
+
+    interior = [pt, s.in_h, first // COPY_LANES, inner // COPY_LANES,
+                int(inner % COPY_LANES != 0)]
+    rows = te.compute((s.batch, pt + s.in_h + pb, row_len), row_element, name=ROWS_STAGE,
+                      attrs={ROWS_INTERIOR: interior})
+    m_total, ohw = s.gemm_m, s.out_h * s.out_w
+    mb, kb = _ceil_div(m_total, mr), s.packed_k(kr, data.dtype) // kr
+
+    def a_element(g, bm, bk, i, j):
+        m = tirx.min(bm * mr + i, m_total - 1)
+        b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
+        ky, rb = bk // blocks_per_row, bk % blocks_per_row
+        return cvt(rows[b, oh * sh + ky * dh, lead + ow * sw * c + rb * kr + j])
+
+    return te.compute((1, mb, kb, mr, kr), a_element, name="A_packed")
 
 
 def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
@@ -274,7 +392,7 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, data, b_packed, acc_dtype: str)
 
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
                    in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0,
-                   direct: bool = False):
+                   max_shift: int | None = None, direct: bool = False):
     """TE tensors of the conv2d GEMM: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
@@ -289,17 +407,21 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     zp_a: ``conv2d_u8.row_sums_func``), comes last before the output, and the epilogue
     adds -w_zp * row_sum; ``fold_bias(..., w_zp=w_zp)`` folds the constant terms.
 
+    ``max_shift``: the largest of the layer's shifts, if known when the func is built (the
+    caller must then pass no larger one): at most 0 drops the epilogue's per-channel left
+    shift, at most -1 also shortens its rounding (``qmuls.bounded_shift``).
+
     ``direct`` (only where ``can_read_input_directly`` holds): no ``A_packed`` stage, the
     ``gemm`` stage reads the input in place (``direct_gemm_te``).
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import qmuls
+    from tvm_armq.intrinsics.qmuls import bounded_shift, qmuls
 
     mr, nr, kr = mr_nr_kr
     s, G = shape, shape.groups
     m_total, k_total, n_group = s.gemm_m, s.gemm_k, s.gemm_n
-    kb, nb = _ceil_div(k_total, kr), _ceil_div(n_group, nr)
+    kb, nb = s.packed_k(kr, in_dtype) // kr, _ceil_div(n_group, nr)
 
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), in_dtype, "data")
     b_packed = te.placeholder((G, nb, kb, nr, kr), in_dtype, "B_packed")
@@ -324,7 +446,8 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
         if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
             x = x - row_sum[m, g] * w_zp
         x = x + bias[c]
-        r = qmuls(x, mult[c].asobject(), 31, shift[c].asobject()) + out_zp
+        r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift))
+        r = r + out_zp
         return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
 
     out = te.compute((m_total, G, n_group), out_element, name="output")
@@ -457,7 +580,7 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
     """
     mb = _ceil_div(shape.gemm_m, kernel.mr)
     nb = _ceil_div(shape.gemm_n, kernel.nr)
-    kb = _ceil_div(shape.gemm_k, kernel.kr)
+    kb = shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr
     if kernel.intrin is None:
         return GemmKnobs(parallel=parallel)
     if reads_input_directly(shape, kernel):
@@ -626,6 +749,10 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
     if a_packed is not None:
         sch.vectorize(sch.get_loops(a_packed)[-1])
+    rows = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
+            if sch.get(b).name_hint == ROWS_STAGE]
+    if rows:
+        _schedule_rows_copy(sch, rows[0], parallel)
     padded = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
               if sch.get(b).name_hint == "data_padded"]
     if padded:  # the bordered input copy: rows in parallel, channels in vectors
@@ -661,6 +788,56 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
         # The micro-kernels take C as a plain (global-scope) window; the compacted
         # tile is a few dozen bytes on the stack, which LLVM keeps in registers.
         kernels.tensorize(sch, i, kernel, target)
+
+
+def _schedule_rows_copy(sch, block, parallel: bool) -> None:
+    """The flat-row input copy of a row-blocked im2col (``_im2col_rows_te``), in
+    ``COPY_LANES`` vectors, cut where the image starts and ends (``ROWS_INTERIOR``).
+
+    In the image's rows, the vectors holding input only are plain loads and stores (the
+    cut lets the simplifier drop every bounds test), the border vectors before them are
+    fills; after them, a vector mixing the row's last input elements with the border
+    (when the row is no whole number of vectors) is copied element by element, each
+    tested, since a vector load there could read past the input. The border rows are
+    fills.
+    """
+    top, height, lead, whole, mixed = (int(v) for v in
+                                       sch.get(block).annotations[ROWS_INTERIOR])
+    _, y, t = sch.get_loops(block)
+    sch.split(t, [None, COPY_LANES])
+    extent = sch.get(y).extent.value
+    y_top, y_mid, y_bottom = _partition(sch, y, [top, height, extent - top - height])
+    for part in (y_top, y_bottom):
+        if part is not None:
+            sch.vectorize(sch.get_loops(_only_block(sch, part))[-1])
+    vectors = sch.get_loops(_only_block(sch, y_mid))[-2]
+    count = sch.get(vectors).extent.value
+    parts = _partition(sch, vectors, [lead, whole, count - lead - whole])
+    for idx, part in enumerate(parts):
+        if part is None:
+            continue
+        lanes = sch.get_loops(_only_block(sch, part))[-1]
+        if idx == 2 and mixed:
+            # element by element: each test is then a branch, and only the input loads
+            sch.unroll(lanes)
+        else:
+            sch.vectorize(lanes)
+    if parallel:
+        sch.parallel(y_mid)
+
+
+def _partition(sch, loop, parts) -> list:
+    """``loop`` cut into consecutive loops of the given extents (zeros skipped), in order;
+    a zero-extent part gets None."""
+    sizes = [p for p in parts if p]
+    loops = sch.loop_partition(loop, sizes[:-1] + [None]) if len(sizes) > 1 else [loop]
+    it = iter(loops)
+    return [next(it) if p else None for p in parts]
+
+
+def _only_block(sch, loop):
+    (block,) = sch.get_child_blocks(loop)
+    return block
 
 
 def _loops_below(sch, block, loop) -> list:

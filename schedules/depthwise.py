@@ -40,9 +40,11 @@ for the paired form, so the int16 sum can never wrap.
 
 Requantization is ``qmuls(acc, multiplier[oc], 31, shift[oc])`` per lane (sqrdmulh +
 rounding shift on aarch64), then + zp_out, the activation clamp and the narrowing to int8,
-all on registers: no int32 tensor is written to memory. ``left_shifts=False`` builds the
-form for shifts <= 0 (requantization scales below 1, what real layers have): LLVM then
-drops the per-channel left shift (ushl); ``pack_params`` refuses a positive shift for it.
+all on registers: no int32 tensor is written to memory. ``max_shift`` (the largest shift of
+the layer's channels, known at compile time) builds a form for it: at most 0
+(requantization scales below 1, what real layers have), no per-channel left shift (ushl);
+at most -1, also a one-instruction rounding fixup (``intrinsics.qmuls``).
+``pack_params`` refuses a larger shift than the func was built for.
 
 Operands (``pack_params``, once, at compile time)
 -------------------------------------------------
@@ -170,15 +172,16 @@ def fold_bias(weight, bias, in_zp: int, shape: DepthwiseShape) -> np.ndarray:
 
 def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp: int,
                 channel_block: int | None = None, int16_pairs: bool = True,
-                left_shifts: bool = True):
+                max_shift: int | None = None):
     """All compile-time operands of ``depthwise_func``, in its parameter order after data:
     [weight_packed, bias_folded, multiplier, shift] (the last three padded to C_pad * M).
 
-    ``int16_pairs`` and ``left_shifts`` must be the func's: with ``left_shifts=False``
-    every shift must be <= 0 (a requantization scale below 1, the usual case)."""
+    ``int16_pairs`` and ``max_shift`` must be the func's: no shift may exceed
+    ``max_shift`` (None: any shift)."""
     s = shape
-    if not left_shifts and (np.asarray(shift) > 0).any():
-        raise ValueError("a positive (left) shift needs left_shifts=True")
+    if max_shift is not None and (np.asarray(shift) > max_shift).any():
+        raise ValueError(f"depthwise: a shift of {int(np.max(shift))} exceeds the func's "
+                         f"max_shift={max_shift}")
     cb = channel_block or default_channel_block(s)
     opad = padded_channels(s, cb) * s.multiplier
 
@@ -193,18 +196,18 @@ def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp
 
 def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-128, 127),
                  channel_block: int | None = None, int16_pairs: bool = True,
-                 left_shifts: bool = True):
+                 max_shift: int | None = None):
     """TE tensors of the depthwise conv2d: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC [N, H, W, C] int8, weight_packed [kh, kw, M, C_pad] int8,
     bias_folded, multiplier, shift [C_pad * M] int32. Output: NHWC [N, OH, OW, C * M] int8.
     Stages as in the module docstring; ``act_range`` is the clamp (fused ReLU/ReLU6).
     ``int16_pairs``: two taps' products summed in int16 (weights in [-127, 127]);
-    ``left_shifts=False``: every shift <= 0 (see the module docstring).
+    ``max_shift``: the largest shift of any channel, None if unknown (module docstring).
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import qmuls
+    from tvm_armq.intrinsics.qmuls import bounded_shift, qmuls
 
     s = shape
     cb = channel_block or default_channel_block(s)
@@ -255,10 +258,8 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
 
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
-        s_oc = shift[oc].asobject()
-        if not left_shifts:  # min(s, 0) == s here; it lets LLVM drop the left shift (ushl)
-            s_oc = tirx.min(s_oc, 0)
-        r = qmuls(x, mult[oc].asobject(), 31, s_oc) + out_zp
+        r = qmuls(x, mult[oc].asobject(), 31, bounded_shift(shift[oc].asobject(), max_shift))
+        r = r + out_zp
         return tirx.max(tirx.min(r, hi), lo).astype("int8")
 
     if cpad == s.channels:

@@ -54,6 +54,18 @@ CASES = [
          out_zp=2),
     Case("groups4_1x1", S(1, 5, 4, 12, 8, 1, 1, groups=4), in_zp=100, out_zp=-3),
     Case("dense_rows3", S.dense(3, 70, 13), in_zp=-128, out_zp=0),
+    # Few channels (row-blocked K, read from flat image rows; cg % kr != 0 at every level):
+    # an RGB stem; one channel, no padding, batch 2 (the last row's slack); a row of exactly
+    # one copy vector; rows dilated; a wide row of 7 vectors and a partial one.
+    Case("rgb_stem_s2", S(1, 17, 17, 3, 8, 3, 3, strides=(2, 2), padding=(0, 0, 1, 1)),
+         in_zp=-1, out_zp=4),
+    Case("gray_valid_batch2", S(2, 7, 9, 1, 6, 3, 3), in_zp=77, out_zp=-9),
+    Case("gray_row_one_vector", S(1, 5, 16, 1, 4, 3, 3, padding=(1, 1, 1, 1)), in_zp=-128,
+         out_zp=0),
+    Case("rgb_dilated_rows", S(1, 9, 8, 3, 5, 3, 3, dilation=(2, 1), padding=(2, 1, 2, 1)),
+         in_zp=25, out_zp=-2),
+    Case("6ch_5x3_wide_row", S(1, 6, 21, 6, 12, 5, 3, padding=(2, 1, 2, 1)), in_zp=-60,
+         out_zp=11, act_range=(-128, 90)),
 ]
 # Macro tiles of several micro-tiles, K unrolling: the knobs must not change any result.
 KNOBS = {"reference": cg.GemmKnobs(), "best": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
@@ -63,7 +75,9 @@ def _tile(kernel):
     return (kernel.mr, kernel.nr, kernel.kr)
 
 
-def _case_data(case: Case, seed: int, kernel):
+def _case_data(case: Case, seed: int, kernel, zero_shifts: bool = False):
+    """(args of the func, expected output). ``zero_shifts``: every other channel gets the
+    scale 1/2 exactly (multiplier 2**30, shift 0)."""
     s, rng = case.shape, np.random.default_rng(seed)
     data = rng.integers(-128, 127, (s.batch, s.in_h, s.in_w, s.in_c), endpoint=True,
                         dtype=np.int8)
@@ -76,6 +90,8 @@ def _case_data(case: Case, seed: int, kernel):
     spread = np.maximum(np.abs(acc).reshape(-1, s.out_c).max(axis=0), 1)
     scales = rng.uniform(60, 160, s.out_c) / spread
     mult, shift = requant.quantize_multipliers(scales)
+    if zero_shifts:
+        mult[::2], shift[::2] = 1 << 30, 0
     lo, hi = case.act_range
     expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, "int8")
     args = [data, cg.pack_weights(weight, _tile(kernel), s.groups),
@@ -110,7 +126,7 @@ def test_reference_matches_itself_on_known_values():
 
 
 def test_packing_layout():
-    w = np.arange(2 * 1 * 3 * 5, dtype=np.int8).reshape(2, 1, 3, 5)  # K = 6, N = 5
+    w = np.arange(1 * 2 * 3 * 5, dtype=np.int8).reshape(1, 2, 3, 5)  # K = 6, N = 5
     packed = cg.pack_weights(w, (4, 4, 4))[0]  # (mr, nr, kr); one group
     assert packed.shape == (2, 2, 4, 4)
     flat = w.reshape(6, 5)
@@ -121,6 +137,25 @@ def test_packing_layout():
     grouped = cg.pack_weights(w[:, :, :, :4], (4, 2, 4), groups=2)  # 2 groups of 2 outputs
     assert grouped.shape == (2, 1, 2, 2, 4)
     assert grouped[1, 0, 0, 1, 2] == w.reshape(6, 5)[2, 3]  # group 1, its output 1 = n 3
+
+
+def test_row_blocked_packing_layout():
+    """Few channels: each kernel row's kw * cg bytes start a new K block (module docstring)."""
+    w = np.arange(3 * 2 * 3 * 5, dtype=np.int8).reshape(3, 2, 3, 5)  # rows of 6 bytes
+    s = cg.Conv2DShape(1, 6, 6, 3, 5, 3, 2)
+    assert s.kernel_row_k(4, "int8") == 8 and s.packed_k(4, "int8") == 24  # dense: 18 -> 20
+    assert s.kernel_row_k(16, "uint8") == 16 and s.packed_k(16, "uint8") == 48
+    assert cg.Conv2DShape(1, 6, 6, 4, 5, 3, 2).kernel_row_k(4, "int8") is None  # whole blocks
+    assert cg.Conv2DShape(1, 6, 6, 6, 4, 3, 2, groups=2).kernel_row_k(4, "int8") is None
+    assert s.kernel_row_k(4, "float32") is None and s.packed_k(4, "float32") == 20
+    packed = cg.pack_weights(w, (4, 4, 4))[0]
+    assert packed.shape == (2, 6, 4, 4)
+    for ky in range(3):
+        for r in range(8):
+            k = ky * 8 + r
+            want = w[ky].reshape(6, 5)[r] if r < 6 else np.zeros(5, np.int8)
+            for n in range(5):
+                assert packed[n // 4, k // 4, n % 4, k % 4] == want[n]
 
 
 @pytest.mark.parametrize("path", ["reference", "best"])
@@ -345,3 +380,39 @@ def test_direct_read_only_where_it_applies():
         kernel = kernels.select(build.resolve_target(other), "int8", "int8")
         assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), kernel), other
     assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)
+
+
+# Layers built for their largest shift (max_shift, as the compiler does: real scales are
+# below 1/2, every shift <= -1): a dense-K 3x3, a row-blocked RGB stem, a pointwise layer
+# (direct read at dotprod) and one whose scales include 1/2..1 (shift 0: max_shift 0).
+BOUNDED_CASES = [CASES[4], CASES[12], DIRECT_CASES[3], CASES[3]]
+
+
+def test_bounded_shift_epilogue_on_device(run_funcs, level, tmp_path, report):
+    """``max_shift`` = the layer's largest shift: bit-exact at every level, and the
+    epilogue's per-channel left shift (ushl) is gone from the module. (The shorter rounding
+    fixup of max_shift <= -1 is counted in the depthwise kernel's loop, test_depthwise.)"""
+    import re
+
+    target = build.resolve_target(level)
+    kernel = kernels.select(target, "int8", "int8")
+    funcs, calls, expected, bounds = {}, [], [], []
+    for i, case in enumerate(BOUNDED_CASES):
+        last = i == len(BOUNDED_CASES) - 1  # scale 1/2 on half the channels: shift 0
+        args, exp = _case_data(case, 40 + i, kernel, zero_shifts=last)
+        top = int(args[4].max())
+        assert top == 0 if last else top <= -1
+        bounds.append(top)
+        f = cg.conv2d_gemm_func(case.shape, _tile(kernel), kernel=kernel, in_zp=case.in_zp,
+                                out_zp=case.out_zp, act_range=case.act_range, max_shift=top)
+        funcs[case.name] = cg.schedule_conv2d_gemm(f, kernel, target,
+                                                   cg.default_knobs(case.shape, kernel))
+        calls.append((case.name, args, _out_shape(case.shape), np.int8))
+        expected.append(exp)
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "bounded.so")
+    assert not re.search(r"\bushl\s+v\d+\.4s", asm), "a left shift in a max_shift <= 0 epilogue"
+    for case, exp, out in zip(BOUNDED_CASES, expected, outs):
+        np.testing.assert_array_equal(out.reshape(exp.shape), exp,
+                                      err_msg=f"{case.name} at {level}")
+    report(f"conv2d_gemm max_shift {kernel.name:28s} {level:8s} {len(BOUNDED_CASES)} cases "
+           f"(max shifts {bounds}) bit-exact")

@@ -42,7 +42,8 @@ class Case:
     per_tensor: bool = False  # one multiplier/shift for every channel
     extremes: bool = False  # operands mostly at the ends of the int8 range
     int16_pairs: bool = True  # False: every product widened on its own; weights may be -128
-    left_shifts: bool = True  # False: the func may assume shifts <= 0 (no ushl)
+    max_shift: int | None = None  # the func may assume no larger shift (0: no ushl; -1: also
+    # the one-instruction rounding fixup)
     small: bool = False  # tiny accumulators: scales above 1, positive (left) shifts
 
 
@@ -52,18 +53,18 @@ def _same(h, w, k, s=1, d=1):
 
 CASES = [
     Case("c16_3x3_same", S(1, 7, 9, 16, padding=_same(7, 9, 3)), in_zp=-128, out_zp=5,
-         left_shifts=False),
+         max_shift=0),
     Case("c8_3x3_valid", S(1, 6, 7, 8), in_zp=127, out_zp=-3),
     Case("c24_3x3_s2_same_relu6", S(1, 10, 9, 24, strides=(2, 2),
                                     padding=_same(10, 9, 3, 2)),  # (0, 1, 1, 1): asymmetric
-         in_zp=12, out_zp=-128, act_range=(-128, 40), left_shifts=False),
+         in_zp=12, out_zp=-128, act_range=(-128, 40), max_shift=-1),
     Case("c35_3x3_d2_same_n2", S(2, 9, 8, 35, dilation=(2, 2), padding=_same(9, 8, 3, 1, 2)),
          in_zp=-1, out_zp=3),
     Case("c16_5x5_same_relu", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
          in_zp=-20, out_zp=-128, act_range=(-128, 127)),
     Case("c35_5x5_s2_valid", S(1, 11, 10, 35, kh=5, kw=5, strides=(2, 2)), in_zp=40, out_zp=0),
     Case("c16_m2_3x3_same", S(1, 6, 6, 16, multiplier=2, padding=_same(6, 6, 3)), in_zp=0,
-         out_zp=-7, left_shifts=False),
+         out_zp=-7, max_shift=-1),
     Case("c24_m2_5x5_s2_asym", S(1, 9, 10, 24, multiplier=2, kh=5, kw=5, strides=(2, 2),
                                  padding=(1, 2, 2, 1)), in_zp=-77, out_zp=10),
     Case("c8_m2_3x3_d2_valid_pt", S(1, 8, 9, 8, multiplier=2, dilation=(2, 2)), in_zp=100,
@@ -116,7 +117,7 @@ def _case_data(case: Case, seed: int):
     expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, "int8")
     args = [data] + dw.pack_params(weight, bias, mult, shift, s, in_zp=case.in_zp,
                                    int16_pairs=case.int16_pairs,
-                                   left_shifts=case.left_shifts)
+                                   max_shift=case.max_shift)
     return args, expected
 
 
@@ -201,13 +202,17 @@ def test_paired_products_refuse_minus_128():
     assert dw.pack_weights(w, s, 16, int16_pairs=False).min() == -128
 
 
-def test_right_shift_only_form_refuses_left_shifts():
+def test_bounded_shift_forms_refuse_larger_shifts():
     s = S(1, 4, 4, 16)
     w = np.ones((1, 3, 3, 16), np.int8)
     args = (w, np.zeros(16), np.full(16, 1 << 30), np.full(16, 1), s)
-    with pytest.raises(ValueError, match="left_shifts=True"):
-        dw.pack_params(*args, in_zp=0, left_shifts=False)
+    with pytest.raises(ValueError, match="exceeds the func's max_shift=0"):
+        dw.pack_params(*args, in_zp=0, max_shift=0)
     assert dw.pack_params(*args, in_zp=0)[3].max() == 1
+    zero = (w, np.zeros(16), np.full(16, 1 << 30), np.zeros(16), s)
+    with pytest.raises(ValueError, match="max_shift=-1"):
+        dw.pack_params(*zero, in_zp=0, max_shift=-1)
+    assert dw.pack_params(*zero, in_zp=0, max_shift=0)[3].max() == 0
 
 
 def test_int16_pair_bound():
@@ -236,7 +241,7 @@ def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     for i, case in enumerate(CASES):
         funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
-                                 left_shifts=case.left_shifts)
+                                 max_shift=case.max_shift)
         args, exp = _case_data(case, i)
         datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
@@ -256,7 +261,7 @@ def test_inner_loop_is_vectorized():
     then 4 sqrdmulh (one per int32x4) and one 16-byte store. The top and bottom border
     rows read 6 taps (3 pairs; the padded row's products are constants). No loop of them
     has a scalar byte load or store. The per-channel left shift (ushl) is there by default
-    and gone in the right-shift-only form."""
+    and gone for max_shift=0; for max_shift=-1 the rounding fixup's ``and`` goes too."""
     import tvm
 
     def hot_loops(**kw):
@@ -267,7 +272,11 @@ def test_inner_loop_is_vectorized():
 
     hot = hot_loops()
     assert all(_count(b, "ushl") == 4 for b in hot)
-    assert all(_count(b, "ushl") == 0 for b in hot_loops(left_shifts=False))
+    assert all(_count(b, "and") == 4 for b in hot)
+    no_left = hot_loops(max_shift=0)
+    assert all(_count(b, "ushl") == 0 and _count(b, "and") == 4 for b in no_left)
+    right = hot_loops(max_shift=-1)
+    assert all(_count(b, "ushl") == 0 and _count(b, "and") == 0 for b in right)
 
     macs = sorted((_count(b, "smull"), _count(b, "smull2"), _count(b, "smlal"), _count(b, "smlal2"))
                   for b in hot)
@@ -328,14 +337,16 @@ def test_depthwise_matches_tflite(run_funcs, level, zoo_model, tmp_path, report)
         model = TFLiteModel.load(path)
         inputs = [model.random_inputs(seed=seed)[0] for seed in range(2)]
         refs = [model.reference_outputs([x])[0] for x in inputs]
-        # Both requantization forms: with the left shift, and the right-shift-only one a
-        # compiler picks when every shift is <= 0 (true for these layers).
-        for left in (True, False) if not (layer["shift"] > 0).any() else (True,):
-            sym = f"{name}_{'lshift' if left else 'rshift'}"
+        # Both requantization forms: for any shift, and for the layer's largest one (what
+        # the compiler builds; these layers' shifts are all <= -1).
+        top = int(layer["shift"].max())
+        assert top <= -1
+        for bound in (None, top):
+            sym = f"{name}_{'any' if bound is None else 'bounded'}_shift"
             funcs[sym] = _func(s, in_zp=layer["in_zp"], out_zp=layer["out_zp"],
-                               act_range=layer["act_range"], left_shifts=left)
+                               act_range=layer["act_range"], max_shift=bound)
             params = dw.pack_params(layer["weight"], layer["bias"], layer["mult"],
-                                    layer["shift"], s, in_zp=layer["in_zp"], left_shifts=left)
+                                    layer["shift"], s, in_zp=layer["in_zp"], max_shift=bound)
             for seed, (x, y) in enumerate(zip(inputs, refs)):
                 datasets.append((sym, [x] + params, y.shape, np.int8))
                 expected.append((f"{sym} seed {seed}", y))

@@ -389,9 +389,13 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                                **_conv_window(layer))
         w_hwio = layer.weight
+    mult, shift = _requant(layer)
+    # the func may count on the layer's shifts: none above the largest (scales below 1
+    # make it <= -1, and the epilogue leaves out the left shift and half the rounding fixup)
     func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_dtype=dtype, out_dtype=dtype,
                                in_zp=layer.x_q[1], out_zp=layer.out_q[1],
-                               act_range=layer.act_range, w_zp=layer.w_zp)
+                               act_range=layer.act_range, w_zp=layer.w_zp,
+                               max_shift=int(shift.max()))
     if tasks is not None:
         tasks.append((func, kernel))
     scheduled = None
@@ -403,7 +407,6 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
     if not tuned:
         scheduled = cg.schedule_conv2d_gemm(func, kernel, target,
                                             cg.default_knobs(shape, kernel)) if schedule else func
-    mult, shift = _requant(layer)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
     data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
@@ -428,9 +431,8 @@ def _depthwise_kernel(layer: _Layer, label: str, target, database, tasks, schedu
     shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **_conv_window(layer))
     mult, shift = _requant(layer)
     # int16 pair sums are exact unless a weight is -128 (see schedules/depthwise.py);
-    # the per-channel left shift is only built when some scale needs it.
-    options = dict(int16_pairs=bool(layer.weight.min() > -128),
-                   left_shifts=bool((shift > 0).any()))
+    # the requantization is built for the layer's largest shift (as in _gemm_kernel).
+    options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, **options)
     scheduled = dw.schedule_depthwise(func, shape) if schedule else func
