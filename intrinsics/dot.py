@@ -124,21 +124,25 @@ def supports_direct(kernel: Kernel) -> bool:
     return kernel in BY_ELEMENT and (kernel.a_dtype, kernel.b_dtype) == ("int8", "int8")
 
 
-def impl_direct(kernel: Kernel, k: int, n_tiles: int):
+def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
     """A by-element kernel over a whole K loop with A read in place (``kernels.desc_direct``):
-    A is mr rows of k bytes, row-major, unpacked; B is n_tiles packed column blocks.
+    A is mr rows of the input laid out as ``window`` says (``kernels.DirectWindow``: each
+    row one or more runs of contiguous K elements), unpacked; B is n_tiles packed column
+    blocks.
 
     B's packed 4x4 block of K step s (kr = 4 bytes of K per step) is already the vector
-    operand of the by-element form, and a 16-byte load of A's row i holds four K steps;
-    the lane index picks the step, so A needs no interleaving:
+    operand of the by-element form, and a 16-byte load of a run of A's row i holds four K
+    steps; the lane index picks the step, so A needs no interleaving:
 
-        Va_i = A[i, 16c:16c+16] = | step 4c | step 4c+1 | step 4c+2 | step 4c+3 |
-        for t < 4, tile < n_tiles:
-            Vb = B[tile, 4c + t]                       (the 4 columns' bytes of step 4c+t)
-            for i < mr: Vc[tile, i] += sdot(Vb, Va_i.4b[t])
+        for each run r of the rows (a kernel row of a kh x kw convolution; one run for
+        a pointwise one), for each 16 bytes c of the run:
+            Va_i = A[row i, run r, 16c:16c+16] = | step 4c | 4c+1 | 4c+2 | 4c+3 |
+            for t < 4, tile < n_tiles:
+                Vb = B[tile, step 4c + t of run r]    (the 4 columns' bytes of the step)
+                for i < mr: Vc[tile, i] += sdot(Vb, Va_i.4b[t])
 
     The n_tiles * mr accumulators stay in registers across K and every A load serves
-    n_tiles * 4 instructions. A K tail of fewer than four steps loads each step's
+    n_tiles * 4 instructions. A run's tail of fewer than four steps loads each step's
     4 bytes of a row on its own.
     """
     from tvm import tirx
@@ -148,7 +152,7 @@ def impl_direct(kernel: Kernel, k: int, n_tiles: int):
         raise ValueError(f"{kernel.name} has no direct-read form (int8 by-element sdot only)")
     kernels.check_shape(kernel, _LANES, _LANES, _GROUP)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    steps = k // kr
+    steps = window.segment // kr  # K steps per run
     chunk = _LANES  # K steps per 16-byte row load
     full, tail = divmod(steps, chunk)
     vector = f"x{_LANES * _GROUP}"
@@ -173,28 +177,39 @@ def impl_direct(kernel: Kernel, k: int, n_tiles: int):
                     # operand sits, so LLVM emits the by-element form (see _by_element)
                     T.buffer_store(acc, _dot(kernel, old, vb, a_step), [lanes(tile, i)])
 
+        def run(r):
+            """The K steps of run r (a Python int or a loop variable)."""
+            start, first_step = r * window.segment_stride, r * steps
+            if full:
+                with T.serial(full) as c:
+                    a_groups = [T.bind(tirx.reinterpret(
+                        f"int32x{_LANES}", A.vload([i * window.stride + start + c * chunk * kr],
+                                                   kernel.a_dtype + vector)))
+                        for i in range(mr)]
+                    for t in range(chunk):
+                        accumulate(first_step + c * chunk + t, a_groups, t)
+            for t in range(tail):
+                step = full * chunk + t
+                a_groups = [T.bind(tirx.Broadcast(tirx.reinterpret(
+                    "int32", A.vload([i * window.stride + start + step * kr],
+                                     f"{kernel.a_dtype}x{kr}")), _LANES))
+                    for i in range(mr)]
+                accumulate(first_step + step, a_groups, 0)
+
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(acc, C.vload([tile, i, 0], row), [lanes(tile, i)])
-        if full:
-            with T.serial(full) as c:
-                a_groups = [T.bind(tirx.reinterpret(
-                    f"int32x{_LANES}", A.vload([i * k + c * chunk * kr],
-                                               kernel.a_dtype + vector))) for i in range(mr)]
-                for t in range(chunk):
-                    accumulate(c * chunk + t, a_groups, t)
-        for t in range(tail):
-            step = full * chunk + t
-            a_groups = [T.bind(tirx.Broadcast(tirx.reinterpret(
-                "int32", A.vload([i * k + step * kr], f"{kernel.a_dtype}x{kr}")), _LANES))
-                for i in range(mr)]
-            accumulate(step, a_groups, 0)
+        if window.segments == 1:
+            run(0)
+        else:
+            with T.serial(window.segments) as r:
+                run(r)
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),
                                [tile, i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl_direct(kernel, k, n_tiles, emit)
+    return kernels.build_impl_direct(kernel, window, n_tiles, emit)
 
 
 def impl(kernel: Kernel):

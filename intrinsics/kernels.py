@@ -465,65 +465,71 @@ def has_direct(kernel: Kernel) -> bool:
     return getattr(module, "supports_direct", lambda k: False)(kernel)
 
 
-def direct_name(kernel: Kernel, k: int, n_tiles: int) -> str:
-    """The TensorIntrin name of ``kernel``'s direct-read form for K = k and n_tiles."""
-    return f"{kernel.name}__direct_k{k}_n{n_tiles}"
+@dataclasses.dataclass(frozen=True)
+class DirectWindow:
+    """Where a direct-read GEMM finds its mr rows of A in place, as flat element offsets
+    into the input (NHWC is contiguous, so any pixel's channels start at a flat offset).
+
+    Row i of A (one output pixel) is ``segments`` runs of ``segment`` contiguous
+    elements; run s of row i starts at ``i * row_stride + s * segment_stride`` from the
+    window's origin, and K = segments * segment:
+
+        pointwise conv / dense   one run of K; rows K apart (consecutive pixels)
+        kh x kw conv (columns    one run per kernel row: its kw taps are adjacent
+        not dilated, stride sw)  pixels, kw * C contiguous elements; runs dh rows of the
+                                 (padded) image apart; rows sw * C apart, the mr output
+                                 pixels being consecutive in one output row
+    """
+
+    segment: int
+    segments: int = 1
+    segment_stride: int = 0
+    row_stride: int | None = None  # None: the rows are consecutive runs (pointwise)
+
+    @classmethod
+    def pointwise(cls, k: int) -> "DirectWindow":
+        return cls(k)
+
+    @property
+    def k(self) -> int:
+        return self.segment * self.segments
+
+    @property
+    def stride(self) -> int:
+        """Elements from one row's start to the next's."""
+        return self.segment if self.row_stride is None else self.row_stride
+
+    def extent(self, mr: int) -> int:
+        """Elements from the window's first to one past its last."""
+        return (mr - 1) * self.stride + (self.segments - 1) * self.segment_stride + self.segment
+
+    @property
+    def tag(self) -> str:
+        """The window's part of a TensorIntrin name."""
+        if self.segments == 1 and self.row_stride is None:
+            return f"k{self.segment}"
+        return f"k{self.segment}x{self.segments}_s{self.segment_stride}_r{self.stride}"
 
 
-def _direct_buffers(T, kernel: Kernel, k: int, n_tiles: int, a, b, c):
+def direct_name(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
+    """The TensorIntrin name of ``kernel``'s direct-read form for ``window`` and n_tiles."""
+    return f"{kernel.name}__direct_{window.tag}_n{n_tiles}"
+
+
+def _direct_buffers(T, kernel: Kernel, window: DirectWindow, n_tiles: int, a, b, c):
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    # A: mr rows of k bytes, row after row (the rows of a pointwise convolution's input
-    # are consecutive pixels); one flat window, so the GEMM may index the NHWC input by
-    # its flat offset. B: n_tiles packed column blocks over the whole K loop. C: n_tiles
-    # row-major [mr, nr] windows, any strides.
-    A = T.match_buffer(a, (mr * k,), kernel.a_dtype, offset_factor=1)
-    B = T.match_buffer(b, (n_tiles, k // kr, nr, kr), kernel.b_dtype, offset_factor=1)
+    # A: the flat window of the input holding the mr rows (``DirectWindow``), so the GEMM
+    # may index the NHWC input by flat offset. B: n_tiles packed column blocks over the
+    # whole K loop. C: n_tiles row-major [mr, nr] windows, any strides.
+    A = T.match_buffer(a, (window.extent(mr),), kernel.a_dtype, offset_factor=1)
+    B = T.match_buffer(b, (n_tiles, window.k // kr, nr, kr), kernel.b_dtype, offset_factor=1)
     C = T.match_buffer(c, (n_tiles, mr, nr), kernel.acc_dtype, offset_factor=1,
                        strides=[T.int32(), T.int32(), 1])
     return A, B, C
 
 
-def desc_direct(kernel: Kernel, k: int, n_tiles: int):
-    """The scalar reference of the direct-read form: C[t, i, j] += sum over kb, kk of
-    A[i * k + kb * kr + kk] * B[t, kb, j, kk] (A a flat mr x k row-major window)."""
-    from tvm.script import tirx as T
-
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    kb_total = k // kr
-    c_dt = kernel.acc_dtype
-
-    @T.prim_func(s_tir=True)
-    def gemm_direct(a: T.handle, b: T.handle, c: T.handle):
-        A, B, C = _direct_buffers(T, kernel, k, n_tiles, a, b, c)
-        with T.sblock("root"):
-            T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:mr * k], B[0:n_tiles, 0:kb_total, 0:nr, 0:kr])
-            T.writes(C[0:n_tiles, 0:mr, 0:nr])
-            for t, kb, i, j, kk in T.grid(n_tiles, kb_total, mr, nr, kr):
-                with T.sblock("update"):  # block iters in the GEMM block's order
-                    vt, vi, vj, vb, vk = T.axis.remap("SSSRR", [t, i, j, kb, kk])
-                    C[vt, vi, vj] = C[vt, vi, vj] + (
-                        T.Cast(c_dt, A[vi * k + vb * kr + vk]) * T.Cast(c_dt, B[vt, vb, vj, vk]))
-
-    # One micro-tile: the GEMM's tile loop has extent 1 and blockize drops its block
-    # iter, so the pattern keeps the loop and binds no iter to it.
-    @T.prim_func(s_tir=True)
-    def gemm_direct_one(a: T.handle, b: T.handle, c: T.handle):
-        A, B, C = _direct_buffers(T, kernel, k, 1, a, b, c)
-        with T.sblock("root"):
-            T.reads(C[0:1, 0:mr, 0:nr], A[0:mr * k], B[0:1, 0:kb_total, 0:nr, 0:kr])
-            T.writes(C[0:1, 0:mr, 0:nr])
-            for _t, kb, i, j, kk in T.grid(1, kb_total, mr, nr, kr):
-                with T.sblock("update"):
-                    vi, vj, vb, vk = T.axis.remap("SSRR", [i, j, kb, kk])
-                    C[0, vi, vj] = C[0, vi, vj] + (
-                        T.Cast(c_dt, A[vi * k + vb * kr + vk]) * T.Cast(c_dt, B[0, vb, vj, vk]))
-
-    return gemm_direct if n_tiles > 1 else gemm_direct_one
-
-
-def build_impl_direct(kernel: Kernel, k: int, n_tiles: int, emit):
-    """An impl PrimFunc with the signature of ``desc_direct(kernel, k, n_tiles)``;
-    ``emit(A, B, C)`` adds the instruction sequence."""
+def _direct_func(kernel: Kernel, window: DirectWindow, n_tiles: int, name: str, body):
+    """A PrimFunc with the signature of the direct-read form; ``body(A, B, C)`` fills it."""
     from tvm.script import tirx as T
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
@@ -531,33 +537,81 @@ def build_impl_direct(kernel: Kernel, k: int, n_tiles: int, emit):
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     with IRBuilder() as ib:
         with ir_prim_func():
-            T.func_name(direct_name(kernel, k, n_tiles))
+            T.func_name(name)
             a = T.arg("a", T.handle())
             b = T.arg("b", T.handle())
             c = T.arg("c", T.handle())
-            A, B, C = _direct_buffers(T, kernel, k, n_tiles, a, b, c)
+            A, B, C = _direct_buffers(T, kernel, window, n_tiles, a, b, c)
             with T.sblock("root"):
-                T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:mr * k],
-                        B[0:n_tiles, 0:k // kr, 0:nr, 0:kr])
+                T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:window.extent(mr)],
+                        B[0:n_tiles, 0:window.k // kr, 0:nr, 0:kr])
                 T.writes(C[0:n_tiles, 0:mr, 0:nr])
-                emit(A, B, C)
+                body(A, B, C)
     return ib.get()
 
 
-def register_direct(kernel: Kernel, k: int, n_tiles: int) -> str:
-    """Register ``kernel``'s direct-read TensorIntrin for (k, n_tiles) (once); its name."""
+def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
+    """The scalar reference of the direct-read form (``window``: ``DirectWindow``):
+
+        C[t, i, j] += sum over s, kb, kk of A[i * row_stride + s * segment_stride
+                                              + kb * kr + kk] * B[t, s * blocks + kb, j, kk]
+
+    (blocks = segment / kr; a single-segment window has no s loop). The loops and block
+    iters are in the GEMM block's order (``conv2d_gemm.direct_gemm_te``)."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    blocks, c_dt = window.segment // kr, kernel.acc_dtype
+    segmented = window.segments > 1
+
+    def body(A, B, C):
+        extents = [n_tiles] + ([window.segments] if segmented else []) + [blocks, mr, nr, kr]
+        with T.grid(*extents) as loops:
+            t, rest = loops[0], loops[1:]
+            seg, (kb, i, j, kk) = (rest[0], rest[1:]) if segmented else (None, rest)
+            with T.sblock("update"):
+                # One micro-tile: the GEMM's tile loop has extent 1 and blockize drops its
+                # block iter, so the pattern keeps the loop and binds no iter to it.
+                spatial = ([t] if n_tiles > 1 else []) + [i, j]
+                reduce = ([seg] if segmented else []) + [kb, kk]
+                iters = T.axis.remap("S" * len(spatial) + "R" * len(reduce), spatial + reduce)
+                if n_tiles == 1:
+                    iters = [0] + list(iters)
+                vt, vi, vj = iters[:3]
+                vs, vb, vk = (iters[3], iters[4], iters[5]) if segmented else (0, *iters[3:])
+                a_at = vi * window.stride + vs * window.segment_stride + vb * kr + vk
+                b_at = (vt, vs * blocks + vb, vj, vk)
+                T.reads(C[vt, vi, vj], A[a_at], B[b_at])
+                T.writes(C[vt, vi, vj])
+                product = T.Cast(c_dt, A[a_at]) * T.Cast(c_dt, B[b_at])
+                T.buffer_store(C, C[vt, vi, vj] + product, [vt, vi, vj])
+
+    return _direct_func(kernel, window, n_tiles, direct_name(kernel, window, n_tiles) + "_desc",
+                        body)
+
+
+def build_impl_direct(kernel: Kernel, window: DirectWindow, n_tiles: int, emit):
+    """An impl PrimFunc with the signature of ``desc_direct(kernel, window, n_tiles)``;
+    ``emit(A, B, C)`` adds the instruction sequence."""
+    return _direct_func(kernel, window, n_tiles, direct_name(kernel, window, n_tiles), emit)
+
+
+def register_direct(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
+    """Register ``kernel``'s direct-read TensorIntrin for ``window`` and n_tiles (once);
+    its name."""
     from tvm.s_tir import TensorIntrin
 
     if not has_direct(kernel):
         raise ValueError(f"{kernel.name} has no direct-read instruction sequence")
-    if k % kernel.kr:
-        raise ValueError(f"{kernel.name}: the direct-read form needs K ({k}) to be a "
-                         f"multiple of kr ({kernel.kr}): A is not padded")
-    name = direct_name(kernel, k, n_tiles)
+    if window.segment % kernel.kr:
+        raise ValueError(f"{kernel.name}: the direct-read form needs each run of A "
+                         f"({window.segment} elements) to be a multiple of kr "
+                         f"({kernel.kr}): A is not padded")
+    name = direct_name(kernel, window, n_tiles)
     if TensorIntrin.get(name, allow_missing=True) is None:
         module = importlib.import_module(f".{kernel.module}", __package__)
-        TensorIntrin.register(name, desc_direct(kernel, k, n_tiles),
-                              module.impl_direct(kernel, k, n_tiles))
+        TensorIntrin.register(name, desc_direct(kernel, window, n_tiles),
+                              module.impl_direct(kernel, window, n_tiles))
     return name
 
 
@@ -585,16 +639,17 @@ def _ir_serialization_works() -> bool:
 
 
 def tensorize(sch, loop, kernel: Kernel, target, *, k_blocks: int | None = None,
-              direct: tuple[int, int] | None = None) -> None:
+              direct: tuple[DirectWindow, int] | None = None) -> None:
     """Tensorize the block loop nest under ``loop`` with ``kernel`` for ``target``.
 
     ``loop`` is the outermost of the (mr, nr, kr) loops of a block computing
     ``C[.., ..] += acc(A_packed[.., .., i, k]) * acc(B_packed[.., .., j, k])`` without an
     init (``decompose_reduction`` first). With ``k_blocks``, ``loop`` is instead the K-block
     loop of extent ``k_blocks`` right above them (kb, i, j, k) and the whole-K intrinsic
-    is used (``has_k_loop``). With ``direct`` = (k, n_tiles), ``loop`` is the micro-tile
-    column loop of extent n_tiles above (kb, i, j, kk) of a GEMM that reads A from the
-    input (``has_direct``), and the direct-read intrinsic is used. Raises
+    is used (``has_k_loop``). With ``direct`` = (window, n_tiles), ``loop`` is the
+    micro-tile column loop of extent n_tiles above ([s,] kb, i, j, kk) of a GEMM that reads
+    A from the input (``has_direct``; ``window``: ``DirectWindow``), and the direct-read
+    intrinsic is used. Raises
     ``MissingTargetFeature`` when the target cannot run the kernel, before anything reaches LLVM.
     """
     require(kernel, target)

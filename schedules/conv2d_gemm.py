@@ -209,14 +209,7 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
     # otherwise (each block's test is a branch).
     padded = None
     if cg % kr == 0 and not s.is_pointwise and any(s.padding):
-        pb, pr = s.padding[2], s.padding[3]
-
-        def padded_element(b, y, x, c):
-            inside = tirx.all(y >= pt, y < pt + s.in_h, x >= pl, x < pl + s.in_w)
-            return tirx.if_then_else(inside, data[b, y - pt, x - pl, c], pad_value)
-
-        padded = te.compute((s.batch, s.in_h + pt + pb, s.in_w + pl + pr, s.in_c),
-                            padded_element, name="data_padded")
+        padded = bordered_input_te(s, data, pad_value)
 
     def a_element(g, bm, bk, i, j):
         m, k = tirx.min(bm * mr + i, m_total - 1), bk * kr + j
@@ -253,6 +246,22 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         return tirx.if_then_else(in_range, cvt(pixel), zero)
 
     return te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
+
+
+def bordered_input_te(shape: Conv2DShape, data, pad_value):
+    """``data_padded``: the NHWC input copied inside a border of ``pad_value`` as wide as
+    the padding (one pass over the input; what reads it then needs no bounds test)."""
+    from tvm import te, tirx
+
+    s = shape
+    pt, pl, pb, pr = s.padding
+
+    def padded_element(b, y, x, c):
+        inside = tirx.all(y >= pt, y < pt + s.in_h, x >= pl, x < pl + s.in_w)
+        return tirx.if_then_else(inside, data[b, y - pt, x - pl, c], pad_value)
+
+    return te.compute((s.batch, s.in_h + pt + pb, s.in_w + pl + pr, s.in_c), padded_element,
+                      name="data_padded")
 
 
 # Name of the flat-row input copy of a row-blocked im2col (``_im2col_rows_te``), and its
@@ -349,16 +358,46 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
 DIRECT_MIN_K = 64
 
 
+def direct_window(shape: Conv2DShape, mr_nr_kr):
+    """Where the GEMM of ``shape`` would find its rows of A in the input, read in place
+    (``kernels.DirectWindow``, offsets into the input, or into its bordered copy
+    ``data_padded`` when the layer pads), or None where A cannot be read in place:
+
+    * pointwise (1x1, stride 1, unpadded): A is the input, K contiguous elements per row;
+      M must be whole micro-tiles;
+    * kh x kw, any stride and padding, columns not dilated: row i of a micro-tile is
+      output pixel ow0 + i of one output row (so out_w must be whole micro-tiles), and
+      its K elements are the kh kernel rows of kw * C contiguous input elements each.
+
+    Both: ungrouped, and runs of whole K blocks (K, resp. C, a multiple of kr), so B is
+    packed densely (``row_blocked_k`` is None).
+    """
+    from tvm_armq.intrinsics.kernels import DirectWindow
+
+    mr, _, kr = mr_nr_kr
+    s = shape
+    if s.groups != 1:
+        return None
+    if s.is_pointwise:
+        ok = s.gemm_m % mr == 0 and s.gemm_k % kr == 0
+        return DirectWindow.pointwise(s.gemm_k) if ok else None
+    if s.dilation[1] != 1 or s.in_c % kr or s.out_w % mr:
+        return None
+    pt, pl, pb, pr = s.padding
+    width = s.in_w + pl + pr  # of the bordered copy, or of the input itself if unpadded
+    return DirectWindow(segment=s.kw * s.in_c, segments=s.kh,
+                        segment_stride=s.dilation[0] * width * s.in_c,
+                        row_stride=s.strides[1] * s.in_c)
+
+
 def can_read_input_directly(shape: Conv2DShape, kernel) -> bool:
     """Whether the GEMM of ``shape`` *can* read A from the input in place with ``kernel``:
-    a 1x1 stride-1 unpadded, ungrouped convolution whose M and K need no padding (M a
-    multiple of mr, K of kr), and a kernel with a direct-read form (``kernels.has_direct``:
-    the by-element dot products)."""
+    a kernel with a direct-read form (``kernels.has_direct``: the by-element dot
+    products) and a layer ``direct_window`` accepts."""
     from tvm_armq.intrinsics import kernels
 
-    return (kernel is not None and kernels.has_direct(kernel) and shape.is_pointwise
-            and shape.groups == 1 and shape.gemm_m % kernel.mr == 0
-            and shape.gemm_k % kernel.kr == 0)
+    return (kernel is not None and kernels.has_direct(kernel)
+            and direct_window(shape, (kernel.mr, kernel.nr, kernel.kr)) is not None)
 
 
 def reads_input_directly(shape: Conv2DShape, kernel) -> bool:
@@ -368,26 +407,79 @@ def reads_input_directly(shape: Conv2DShape, kernel) -> bool:
     return can_read_input_directly(shape, kernel) and shape.gemm_k >= DIRECT_MIN_K
 
 
-def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, data, b_packed, acc_dtype: str):
+# The gemm block's annotation in a direct-read func: its DirectWindow, as
+# [segment, segments, segment_stride, row_stride (-1: consecutive runs)].
+DIRECT_WINDOW = "tvm_armq.direct_window"
+
+
+def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: str):
     """The ``gemm`` stage of a direct-read GEMM (``reads_input_directly``): the blocks of
-    ``packed_gemm_te``, with A[m, k] read from NHWC ``data`` in place. Pixel m's channels
-    start at flat offset m * in_c of the (contiguous) input, so A is indexed by that flat
-    offset on data's channel axis (batch, row and column 0): the same bytes as
-    data[b, y, x, k], as one affine index the micro-kernel's pattern matches
-    (``kernels.desc_direct``), where the (b, y, x) of m would need a division."""
+    ``packed_gemm_te``, with A read in place from ``source`` (the NHWC input, or its
+    bordered copy for a padded layer) at the flat offsets of ``direct_window``.
+
+    The flat offset of micro-tile bm's row i, run r (kernel row), K element e of the run:
+
+        origin(bm) + i * row_stride + r * segment_stride + e
+
+    with origin(bm) the first input element micro-tile bm reads (pointwise: pixel bm * mr's
+    channels; a kh x kw conv: the top left of output pixel (b, oh, ow0)'s window, ow0 =
+    the tile's first output column). Indexing ``source`` by that flat offset on its
+    channel axis (batch, row and column 0) reads the same bytes as source[b, y, x, c], as
+    one affine index the micro-kernel's pattern matches (``kernels.desc_direct``), where
+    (b, y, x) would need divisions. K is reduced over (run, K block, kk) so that B's K
+    block is run * blocks + block."""
     from tvm import te
 
+    from tvm_armq.intrinsics.kernels import DirectWindow  # noqa: F401 - the record's home
+
     mr, nr, kr = mr_nr_kr
-    k_total = shape.gemm_k
-    G, nb, kb = (int(d) for d in b_packed.shape[:3])
-    mb = shape.gemm_m // mr
-    rb, rk = te.reduce_axis((0, kb), "kb"), te.reduce_axis((0, kr), "kk")
+    s = shape
+    window = direct_window(s, mr_nr_kr)
+    G, nb = (int(d) for d in b_packed.shape[:2])
+    mb = s.gemm_m // mr
+    blocks = window.segment // kr
+    ohw = s.out_h * s.out_w
+    rows, width = (int(d) for d in source.shape[1:3])
+    sh, sw = s.strides
+
+    def origin(bm):
+        if s.is_pointwise:
+            return bm * mr * window.segment
+        m0 = bm * mr
+        b, oh, ow0 = m0 // ohw, (m0 % ohw) // s.out_w, m0 % s.out_w
+        return ((b * rows + oh * sh) * width + ow0 * sw) * s.in_c
+
+    def a_at(bm, i, run, block, kk):
+        return (origin(bm) + i * window.stride + run * window.segment_stride
+                + block * kr + kk)
+
+    attrs = {DIRECT_WINDOW: [window.segment, window.segments, window.segment_stride,
+                             -1 if window.row_stride is None else window.row_stride]}
+    rk = te.reduce_axis((0, kr), "kk")
+    rb = te.reduce_axis((0, blocks), "kb")
+    if window.segments == 1:
+        return te.compute(
+            (G, mb, nb, mr, nr),
+            lambda g, bm, bn, i, j: te.sum(
+                source[0, 0, 0, a_at(bm, i, 0, rb, rk)].astype(acc_dtype)
+                * b_packed[g, bn, rb, j, rk].astype(acc_dtype), axis=[rb, rk]),
+            name="gemm", attrs=attrs)
+    rr = te.reduce_axis((0, window.segments), "kr_row")
     return te.compute(
         (G, mb, nb, mr, nr),
         lambda g, bm, bn, i, j: te.sum(
-            data[0, 0, 0, (bm * mr + i) * k_total + rb * kr + rk].astype(acc_dtype)
-            * b_packed[g, bn, rb, j, rk].astype(acc_dtype), axis=[rb, rk]),
-        name="gemm")
+            source[0, 0, 0, a_at(bm, i, rr, rb, rk)].astype(acc_dtype)
+            * b_packed[g, bn, rr * blocks + rb, j, rk].astype(acc_dtype), axis=[rr, rb, rk]),
+        name="gemm", attrs=attrs)
+
+
+def window_of(sch, gemm_block):
+    """The ``DirectWindow`` a direct-read func's gemm block was built with."""
+    from tvm_armq.intrinsics.kernels import DirectWindow
+
+    segment, segments, stride, row = (int(v) for v in
+                                      sch.get(gemm_block).annotations[DIRECT_WINDOW])
+    return DirectWindow(segment, segments, stride, None if row < 0 else row)
 
 
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
@@ -431,10 +523,12 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     row_sum = te.placeholder((m_total, G), "int32", "row_sum") if w_zp else None
 
     if direct:
-        if not (s.is_pointwise and G == 1 and m_total % mr == 0 and k_total % kr == 0):
-            raise ValueError(f"conv2d_gemm: {s} cannot read A in place (it needs a 1x1 "
-                             f"stride-1 ungrouped conv with M % {mr} == 0, K % {kr} == 0)")
-        acc = direct_gemm_te(s, mr_nr_kr, data, b_packed, "int32")
+        if direct_window(s, mr_nr_kr) is None:
+            raise ValueError(f"conv2d_gemm: {s} cannot read A in place with {mr}x{nr}x{kr} "
+                             f"blocks (see direct_window)")
+        source = (bordered_input_te(s, data, tirx.const(in_zp, in_dtype)) if any(s.padding)
+                  else data)
+        acc = direct_gemm_te(s, mr_nr_kr, source, b_packed, "int32")
     else:
         a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(in_zp, in_dtype))
         acc = packed_gemm_te(a_packed, b_packed, "int32")
@@ -714,7 +808,10 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
                          f"..., kernel={kernel.name}) or without a direct-read kernel")
     out, gemm = sch.get_sblock("output"), sch.get_sblock("gemm")
     a_packed = None if direct else sch.get_sblock("A_packed")
-    g, mo, no, i, j, kb, kk = sch.get_loops(gemm)
+    window = window_of(sch, gemm) if direct else None
+    # a direct-read conv reduces over (kernel row, K block, kk): the rows stay outermost
+    g, mo, no, i, j, *k_loops = sch.get_loops(gemm)
+    kb, kk = k_loops[-2:]
     # A kernel that reduces inside its block (kernels.has_k_loop) is tensorized over the
     # whole K loop, so its partial sums stay in registers across K; K is then unrolled
     # inside the instruction sequence and the k_unroll knob does not apply.
@@ -731,7 +828,7 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     if direct:
         # One K loop per row of micro-tiles, all n_tiles of the row inside the intrinsic
         # (they share each A row load); k_unroll does not apply.
-        sch.reorder(no, mo, ti, tj, kb, i, j, kk)
+        sch.reorder(no, mo, ti, tj, *k_loops[:-1], i, j, kk)
         k_outer, unrolled = tj, (ti,)
     elif whole_k:
         sch.reorder(no, mo, ti, tj, kb, i, j, kk)
@@ -781,7 +878,7 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
             sch.unroll(loop)
     if direct:
         n_tiles = sch.get(tj).extent.value  # a sampled n_tiles: its current decision
-        kernels.tensorize(sch, tj, kernel, target, direct=(k_blocks * kernel.kr, n_tiles))
+        kernels.tensorize(sch, tj, kernel, target, direct=(window, n_tiles))
     elif whole_k:
         kernels.tensorize(sch, kb, kernel, target, k_blocks=k_blocks)
     elif kernel.intrin is not None:

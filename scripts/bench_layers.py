@@ -316,8 +316,11 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
                                dilation=q.dilation, padding=q.padding, groups=q.groups)
     micro = kernels.select(target, "int8", "int8")
     tile = (micro.mr, micro.nr, micro.kr)
-    f = cg.conv2d_gemm_func(shape, tile, in_zp=q.in_zp, out_zp=q.out_zp,
-                            act_range=q.act_range)
+    mult, shift = _requant_params(q)
+    # built as the compiler builds it (tvm_armq.integrate): with the kernel record (a
+    # pointwise layer may read its input in place) and for the layer's largest shift
+    f = cg.conv2d_gemm_func(shape, tile, kernel=micro, in_zp=q.in_zp, out_zp=q.out_zp,
+                            act_range=q.act_range, max_shift=int(shift.max()))
     knobs = dataclasses.replace(cg.default_knobs(shape, micro, parallel=False),
                                 **KNOB_OVERRIDES)
     f = cg.schedule_conv2d_gemm(f, micro, target, knobs).with_attr("global_symbol",
@@ -326,7 +329,7 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     out = np.zeros((shape.gemm_m, shape.groups, shape.gemm_n), np.int8)
     args = [x.reshape(shape.batch, shape.in_h, shape.in_w, shape.in_c),
             cg.pack_weights(w, tile, shape.groups), cg.fold_bias(w, q.bias, q.in_zp),
-            *_requant_params(q), out]
+            mult, shift, out]
     return LayerKernel(f, args, f"{micro.name} {knobs.m_tiles}x{knobs.n_tiles}"
                                 f"/k{knobs.k_unroll}")
 
@@ -337,10 +340,13 @@ def _depthwise_kernel(layer: Layer, q, x, dw) -> LayerKernel:
     _, kh, kw, oc = q.weight.shape
     shape = dw.DepthwiseShape(1, h, w, c, multiplier=oc // c, kh=kh, kw=kw,
                               strides=q.strides, dilation=q.dilation, padding=q.padding)
-    f = dw.depthwise_func(shape, in_zp=q.in_zp, out_zp=q.out_zp, act_range=q.act_range)
+    mult, shift = _requant_params(q)
+    options = dict(int16_pairs=bool(q.weight.min() > -128), max_shift=int(shift.max()))
+    f = dw.depthwise_func(shape, in_zp=q.in_zp, out_zp=q.out_zp, act_range=q.act_range,
+                          **options)
     f = dw.schedule_depthwise(f, shape, parallel=False).with_attr("global_symbol",
                                                                   layer.symbol)
-    params = dw.pack_params(q.weight, q.bias, *_requant_params(q), shape, in_zp=q.in_zp)
+    params = dw.pack_params(q.weight, q.bias, mult, shift, shape, in_zp=q.in_zp, **options)
     out = np.zeros((1, shape.out_h, shape.out_w, shape.out_c), np.int8)
     name = f"depthwise cb{dw.default_channel_block(shape)} smull/smlal"
     return LayerKernel(f, [x] + params + [out], name)

@@ -240,7 +240,9 @@ def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
 
 
 # ------------------------------------------------------------- the design space
-SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 8, 8, 16, 3, 3, padding=(1, 1, 1, 1)), in_zp=-3,
+# (7 output columns: no whole micro-tiles along a row, so dotprod packs A too; the design
+# space of a direct-read layer is checked by test_direct_read_pointwise_on_device)
+SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 7, 8, 16, 3, 3, padding=(1, 1, 1, 1)), in_zp=-3,
                     out_zp=4)
 SEEDS = range(1, 7)
 
@@ -314,6 +316,19 @@ DIRECT_CASES = [
     Case("direct_k28_tail", S(1, 4, 3, 28, 8, 1, 1), in_zp=50, out_zp=-1),
     Case("direct_k72_tail", S(1, 2, 4, 72, 12, 1, 1), in_zp=-7, out_zp=2),
     Case("direct_dense", S.dense(8, 96, 16), in_zp=-128, out_zp=0),
+    # kh x kw convolutions read in place (``direct_window``: one run of kw * C input bytes
+    # per kernel row, micro-tiles along output rows): padded (the bordered copy) and not,
+    # strided, rows dilated, runs with a K tail (20, 24 bytes), one kernel row (1x7),
+    # 1x1 with stride 2, several images.
+    Case("direct_3x3_c16_same", S(1, 8, 8, 16, 20, 3, 3, padding=(1, 1, 1, 1)), in_zp=-9,
+         out_zp=4),
+    Case("direct_3x3_s2_c32", S(1, 9, 16, 32, 8, 3, 3, strides=(2, 2), padding=(0, 0, 1, 1)),
+         in_zp=100, out_zp=-100, act_range=(-100, 127)),
+    Case("direct_5x5_c4_valid_b2", S(2, 9, 12, 4, 12, 5, 5), in_zp=-128, out_zp=0),
+    Case("direct_1x7_c8", S(1, 4, 12, 8, 16, 1, 7, padding=(0, 3, 0, 3)), in_zp=3, out_zp=7),
+    Case("direct_3x3_rows_dilated", S(1, 10, 8, 16, 8, 3, 3, dilation=(2, 1),
+                                     padding=(2, 1, 2, 1)), in_zp=-40, out_zp=-3),
+    Case("direct_1x1_s2_c24", S(1, 8, 16, 24, 8, 1, 1, strides=(2, 2)), in_zp=60, out_zp=9),
 ]
 DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
 
@@ -361,9 +376,9 @@ def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
 
 
 def test_direct_read_only_where_it_applies():
-    """Direct read needs a pointwise, ungrouped layer with M % mr == 0, K % kr == 0 and
-    K >= DIRECT_MIN_K and a by-element kernel; every other layer and kernel keeps the A
-    pack."""
+    """Direct read needs a by-element kernel, K >= DIRECT_MIN_K and an ungrouped layer:
+    pointwise with M % mr == 0 and K % kr == 0, or kh x kw with C % kr == 0, columns not
+    dilated and out_w % mr == 0; every other layer and kernel keeps the A pack."""
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     assert cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), dot)
     assert cg.reads_input_directly(S(1, 14, 14, cg.DIRECT_MIN_K, 8, 1, 1), dot)
@@ -374,7 +389,14 @@ def test_direct_read_only_where_it_applies():
     assert "A_packed" in packed.script()
     assert not cg.reads_input_directly(S(1, 7, 7, 160, 960, 1, 1), dot)  # M = 49
     assert not cg.reads_input_directly(S(1, 4, 4, 6, 8, 1, 1), dot)  # K = 6
-    assert not cg.reads_input_directly(S(1, 4, 4, 8, 8, 3, 3, padding=(1, 1, 1, 1)), dot)
+    assert not cg.reads_input_directly(S(1, 4, 4, 4, 8, 3, 3, padding=(1, 1, 1, 1)), dot)  # K
+    conv = S(1, 8, 8, 16, 8, 3, 3, padding=(1, 1, 1, 1))
+    assert cg.reads_input_directly(conv, dot)
+    assert cg.direct_window(conv, _tile(dot)) == kernels.DirectWindow(48, 3, 10 * 16, 16)
+    assert not cg.reads_input_directly(dataclasses.replace(conv, in_w=7), dot)  # out_w 7
+    assert not cg.reads_input_directly(dataclasses.replace(conv, in_c=18), dot)  # C % kr
+    assert not cg.reads_input_directly(dataclasses.replace(conv, dilation=(1, 2)), dot)
+    assert not cg.reads_input_directly(dataclasses.replace(conv, in_c=32, groups=2), dot)
     assert not cg.reads_input_directly(S(1, 4, 4, 8, 8, 1, 1, groups=2), dot)
     for other in ("neon", "i8mm"):
         kernel = kernels.select(build.resolve_target(other), "int8", "int8")

@@ -340,21 +340,28 @@ def test_names_follow_the_grammar_and_are_the_intrinsic_names():
 
 def test_direct_read_form_is_the_signed_by_element_kernel_only():
     """The direct-read intrinsic (A read in place, ``kernels.desc_direct``) exists for the
-    int8 by-element sdot kernel alone, registers per (K, n_tiles) under its own name and
-    rejects a K that is no multiple of kr (its A is not padded). Its results on the device
-    are checked by tests/test_conv2d_gemm.py (direct-read cases)."""
+    int8 by-element sdot kernel alone, registers per (window, n_tiles) under its own name
+    and rejects a run of A that is no multiple of kr (A is not padded). Its results on the
+    device are checked by tests/test_conv2d_gemm.py (direct-read cases)."""
     from tvm.s_tir import TensorIntrin
 
+    W = kernels.DirectWindow
     direct = [k.name for k in kernels.TABLE if kernels.has_direct(k)]
     assert direct == [kernels.GEMM_S8S8S32_4X4X4_DOTPROD]
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
-    for k, n_tiles in ((16, 1), (40, 4), (512, 2)):
-        name = kernels.register_direct(dot, k, n_tiles)
-        assert name == kernels.direct_name(dot, k, n_tiles) and TensorIntrin.get(name)
+    conv = W(segment=48, segments=3, segment_stride=544, row_stride=16)  # 3x3, C = 16
+    assert (conv.k, conv.stride, conv.extent(4)) == (144, 16, 3 * 16 + 2 * 544 + 48)
+    assert W.pointwise(40).extent(4) == 160 and W.pointwise(40).tag == "k40"
+    for window, n_tiles in ((W.pointwise(16), 1), (W.pointwise(40), 4), (W.pointwise(512), 2),
+                            (conv, 1), (conv, 4), (W(56, 1, 0, 8), 2)):
+        name = kernels.register_direct(dot, window, n_tiles)
+        assert name == kernels.direct_name(dot, window, n_tiles) and TensorIntrin.get(name)
+    assert kernels.direct_name(dot, conv, 4).endswith("__direct_k48x3_s544_r16_n4")
     with pytest.raises(ValueError, match="multiple of kr"):
-        kernels.register_direct(dot, 18, 1)
+        kernels.register_direct(dot, W.pointwise(18), 1)
     with pytest.raises(ValueError, match="no direct-read"):
-        kernels.register_direct(kernels.get(kernels.GEMM_S8S8S32_4X4X16_DOTPROD), 16, 1)
+        kernels.register_direct(kernels.get(kernels.GEMM_S8S8S32_4X4X16_DOTPROD),
+                                W.pointwise(16), 1)
 
 
 @pytest.mark.parametrize("level, a, b, want", [
