@@ -1,4 +1,5 @@
-"""Quantized int8/uint8 ADD, MUL, MEAN, AVERAGE_POOL_2D, requantize and SOFTMAX as TIR.
+"""Quantized int8/uint8 ADD, MUL, MEAN, AVERAGE_POOL_2D, requantize, SOFTMAX and the
+CONCATENATION copy as TIR.
 
 Read this first. Each function here builds one TFLite operator as a scheduled TIR PrimFunc
 that gives, bit for bit, what TFLite's reference kernels (the ``BUILTIN_REF`` op resolver)
@@ -427,6 +428,58 @@ def requantize_func(shape, in_q, out_q, in_dtype: str = "int8", out_dtype: str =
 
     out = te.compute(tuple(shape), element, name="requantize")
     return _finish((x, out), schedule, _elementwise_schedule)
+
+
+# ----------------------------------------------------------------------------- CONCATENATION
+def concat_func(shapes, axis: int, dtype: str = "int8"):
+    """CONCATENATION along ``axis`` of tensors of ``shapes`` (same dtype, same quantization:
+    requantize_func first for the others) as a PrimFunc ``(x0, x1, ..., out)``: a copy.
+
+    Seen as 2-D, every tensor is [outer, width] with outer the product of the axes before
+    ``axis`` and width its elements from ``axis`` on; the output's row o is the inputs'
+    rows o side by side. So each input is one loop over the rows (parallel) copying its
+    contiguous run into the output at its offset, in ``LANES``-element vectors and one
+    narrower vector for the rest: no per-element test of which input an element comes
+    from (what a generic concatenate computes).
+    """
+    from tvm.script import tirx as T
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder.tirx import prim_func
+
+    shapes = [tuple(int(d) for d in sh) for sh in shapes]
+    rank = len(shapes[0])
+    axis = _normalize_axes([axis], rank, "concat")[0]
+    if any(len(sh) != rank or sh[:axis] + sh[axis + 1:] != shapes[0][:axis] +
+           shapes[0][axis + 1:] for sh in shapes):
+        raise ValueError(f"concat: shapes {shapes} differ off axis {axis}")
+    outer = int(np.prod(shapes[0][:axis], dtype=np.int64))
+    widths = [int(np.prod(sh[axis:], dtype=np.int64)) for sh in shapes]
+    total = sum(widths)
+    out_shape = shapes[0][:axis] + (sum(sh[axis] for sh in shapes),) + shapes[0][axis + 1:]
+    with IRBuilder() as ib:
+        with prim_func():
+            T.func_name("concat")
+            T.func_attr({"tirx.noalias": True})
+            ins = [T.arg(f"x{i}", T.buffer(sh, dtype)) for i, sh in enumerate(shapes)]
+            out = T.arg("out", T.buffer(out_shape, dtype))
+            dst = T.decl_buffer((outer, total), dtype, data=out.data)
+            offset = 0
+            for src_buf, width in zip(ins, widths):
+                src = T.decl_buffer((outer, width), dtype, data=src_buf.data)
+                vectors, rest = divmod(width, LANES)
+                rows = T.parallel(outer) if outer > 1 else T.serial(outer)
+                with rows as o:
+                    if vectors:
+                        with T.serial(vectors) as v:
+                            with T.vectorized(LANES) as lane:
+                                at = v * LANES + lane
+                                T.buffer_store(dst, src[o, at], [o, offset + at])
+                    if rest:
+                        with T.vectorized(rest) as lane:
+                            at = vectors * LANES + lane
+                            T.buffer_store(dst, src[o, at], [o, offset + at])
+                offset += width
+    return ib.get()
 
 
 # ----------------------------------------------------------------------------- MEAN

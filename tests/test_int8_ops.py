@@ -587,6 +587,32 @@ def _zoo_calls(zoo_model):
                         part = np.take(expected, range(bounds[i], bounds[i + 1]), axis=axis)
                         calls.append((f"{name}_input{i}", ops.requantize_func(
                             t["shape"], t["q"], outs[0]["q"]), [x], part, f"{label} input {i}"))
+                    # then the copy itself
+                    calls.append((f"{name}_copy", ops.concat_func([t["shape"] for t in ins],
+                                                                  axis), data, expected,
+                                  f"{label} copy"))
+    return calls
+
+
+# The CONCATENATION copy on its own (the reference is np.concatenate): channels of 16 + 4,
+# 5 and 16 (whole vectors, remainders, a run narrower than a vector), a middle axis, the
+# first axis (one row: no parallel loop), uint8.
+CONCAT_CASES = [
+    ("concat_channels", [(1, 3, 5, 20), (1, 3, 5, 5), (1, 3, 5, 16)], -1, "int8"),
+    ("concat_rows", [(2, 3, 4, 8), (2, 1, 4, 8)], 1, "int8"),
+    ("concat_batch", [(1, 2, 3), (2, 2, 3)], 0, "int8"),
+    ("concat_u8", [(1, 7, 33), (1, 7, 2)], 2, "uint8"),
+]
+
+
+def _concat_calls():
+    rng = np.random.default_rng(11)
+    calls = []
+    for name, shapes, axis, dtype in CONCAT_CASES:
+        info = np.iinfo(dtype)
+        xs = [rng.integers(info.min, info.max, sh, endpoint=True, dtype=dtype) for sh in shapes]
+        calls.append((name, ops.concat_func(shapes, axis, dtype), xs,
+                      np.concatenate(xs, axis=axis), name))
     return calls
 
 
@@ -608,7 +634,7 @@ def test_int8_ops_on_device(run_funcs, level, zoo_model, tmp_path, report):
         calls.append((case.name, b.args, b.expected.shape, b.expected.dtype))
         expected.append((case.name, b.expected))
     zoo = _zoo_calls(zoo_model)
-    for name, func, args, exp, label in zoo:
+    for name, func, args, exp, label in zoo + _concat_calls():
         funcs[name] = func
         calls.append((name, args, exp.shape, exp.dtype))
         expected.append((label, exp))
@@ -617,4 +643,5 @@ def test_int8_ops_on_device(run_funcs, level, zoo_model, tmp_path, report):
         assert re.search(rf"\b{ins}2?\s+{operands}", asm), f"no vector {ins} at {level}"
     for (name, exp), got in zip(expected, outs):
         np.testing.assert_array_equal(got, exp, err_msg=f"{name} at {level}")
-    report(f"int8_ops {level:8s} {len(CASES)} cases + {len(zoo)} zoo operator runs bit-exact")
+    report(f"int8_ops {level:8s} {len(CASES)} cases + {len(zoo)} zoo operator runs + "
+           f"{len(CONCAT_CASES)} concatenations bit-exact")

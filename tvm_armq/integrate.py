@@ -29,7 +29,8 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
     add, multiply of two int8 tensors          -> int8_ops      TFLite's 8-bit ADD / MUL
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
-    concat                                     -> copy (requantizing inputs whose scale differs)
+    concat                                     -> int8_ops      a copy per input (requantizing
+                                                                inputs whose scale differs)
     astype(avg_pool2d(astype(x, int32)))       -> int8_ops      TFLite's rounded average
 
 conv2d and dense also take TFLite's legacy uint8 scheme (uint8 weights with a zero point):
@@ -647,10 +648,18 @@ def _lowering_rewriter():
 
         def _emit(self, made):
             if isinstance(made, _Concat):
+                from tvm_armq.schedules import int8_ops as ops
+
                 parts = [self.builder_.emit(self._call_tir(p)) if p.func is not None
                          else self.visit_expr(p.inputs[0]) for p in made.parts]
                 self.report.append(made.record)
-                return relax.op.concat(parts, made.axis)
+                dtype = _dtype(parts[0])
+                func = ops.concat_func([p.out_shape for p in made.parts], made.axis,
+                                              dtype)
+                gv = self.builder_.add_func(func.without_attr("global_symbol"),
+                                            "tvm_armq_concat")
+                return relax.op.call_tir(gv, parts,
+                                         relax.TensorType(made.record.out_shape, dtype))
             out = self._call_tir(made)
             final = made.record.out_shape
             if tuple(made.out_shape) != tuple(final):
