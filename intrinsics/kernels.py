@@ -615,6 +615,34 @@ def register_direct(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
     return name
 
 
+_K_LOOP_RE = re.compile(r"^(?P<kernel>gemm_[a-z0-9_]+?)__k(?P<blocks>\d+)$")
+_DIRECT_RE = re.compile(r"^(?P<kernel>gemm_[a-z0-9_]+?)__direct_k(?P<segment>\d+)"
+                        r"(?:x(?P<segments>\d+)_s(?P<stride>\d+)_r(?P<row>\d+))?"
+                        r"_n(?P<n_tiles>\d+)$")
+
+
+def register_named(name: str) -> str:
+    """Register the TensorIntrin called ``name`` (a kernel's, its whole-K form's or its
+    direct-read form's: the names carry their parameters), for replaying a schedule
+    trace that refers to it by name in a process that has not built it yet."""
+    from tvm.s_tir import TensorIntrin
+
+    if TensorIntrin.get(name, allow_missing=True) is not None:
+        return name
+    if NAME_RE.match(name):
+        return register(get(name))
+    m = _K_LOOP_RE.match(name)
+    if m:
+        return register_k_loop(get(m["kernel"]), int(m["blocks"]))
+    m = _DIRECT_RE.match(name)
+    if m:
+        window = (DirectWindow.pointwise(int(m["segment"])) if m["segments"] is None
+                  else DirectWindow(int(m["segment"]), int(m["segments"]), int(m["stride"]),
+                                    int(m["row"])))
+        return register_direct(get(m["kernel"]), window, int(m["n_tiles"]))
+    raise ValueError(f"{name!r} is not the name of a tvm_armq TensorIntrin")
+
+
 def register_all() -> list[str]:
     """Register the TensorIntrin of every tensorizable kernel in ``TABLE``."""
     return [register(k) for k in TABLE if k.intrin is not None]

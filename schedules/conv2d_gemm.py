@@ -27,12 +27,18 @@ kr-byte load from the input; packed densely, a block straddles kernel rows and m
 gathered byte by byte. The padding costs a few zero MACs per row (XNNPACK's c4 kernels
 pad each tap's channels to 4, K = 36 for the same stem).
 
-Direct read (``reads_input_directly``): for a 1x1 stride-1 convolution A *is* the
-input (row m = pixel m's channels, rows in_c bytes apart), and a by-element dot-product
-kernel can take its rows as they lie (a 16-byte load of a row holds four K steps; the
-instruction's lane index picks one; ``kernels.desc_direct``). Then, for K of at least
-``DIRECT_MIN_K``, there is no A_packed stage: the GEMM reads the input, and only B is
-packed.
+Direct read (``reads_input_directly``): a by-element dot-product kernel can take rows of
+A as they lie in the input (a 16-byte load of a row holds four K steps; the instruction's
+lane index picks one; ``kernels.desc_direct``), wherever each row is a few runs of
+contiguous bytes (``direct_window``):
+
+    1x1 stride 1      A *is* the input: row m = pixel m's channels, one run of K bytes
+    kh x kw           row m = output pixel m's window: kh runs (kernel rows) of kw * in_c
+                      bytes, in the input or its bordered copy; the mr rows of a
+                      micro-tile are mr consecutive pixels of one output row
+
+Then, for K of at least ``DIRECT_MIN_K``, there is no A_packed stage: the GEMM reads the
+input in place (an implicit GEMM, no im2col copy), and only B is packed.
 
 Zero points: TFLite computes sum_k (a - zp_a) * w + bias. With w symmetric this
 is sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of
@@ -348,7 +354,8 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
         name="gemm")
 
 
-# Smallest K at which a pointwise GEMM reads its input in place rather than packing it.
+# Smallest K at which a GEMM reads its input in place rather than packing it (pointwise
+# and kh x kw layers alike; resnet_block's 3x3 convs at K = 144: 1.7e5 -> 9.6e4 cycles).
 # Measured with scripts/bench_layers.py at dotprod (corrected ratios, MobileNet layers):
 # direct read is faster from K = 64 (v2.b7-10.expand K = 64, v2.b11-13.expand 96,
 # v1.pw3 128, v2.b2.project 144, v1.pw7-11 512) and slower below (v2.b1.expand K = 16,

@@ -426,3 +426,20 @@ def test_tensorize_for_a_target_without_the_instruction_is_the_clear_error():
     sch.decompose_reduction(block, loops[2])
     with pytest.raises(kernels.MissingTargetFeature, match="has_matmul_i8"):
         kernels.tensorize(sch, loops[3], kernel, LEVELS["neon"].target())
+
+
+def test_register_named_reads_the_parameters_back_from_the_name():
+    """A stored schedule names its intrinsics; ``register_named`` rebuilds each from its
+    name alone (block form, whole-K form, both direct-read windows) and refuses others."""
+    from tvm.s_tir import TensorIntrin
+
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
+    names = [dot.name, kernels.k_loop_name(neon, 5),
+             kernels.direct_name(dot, kernels.DirectWindow.pointwise(96), 3),
+             kernels.direct_name(dot, kernels.DirectWindow(40, 5, 1200, 20), 2)]
+    for name in names:
+        assert kernels.register_named(name) == name and TensorIntrin.get(name) is not None
+    for bad in ("gemm_s8s8s32_4x4x4_dotprod__direct_k40_nX", "conv2d"):
+        with pytest.raises(ValueError, match="not the name of a tvm_armq TensorIntrin"):
+            kernels.register_named(bad)

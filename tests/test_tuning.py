@@ -263,3 +263,53 @@ def test_device_dying_mid_tuning_fails_its_trials_and_the_run_ends(tmp_path, zoo
     assert result.best_us is not None  # the first round's measurements stand
     saved = json.loads((work / tuning.SUMMARY_FILE).read_text())
     assert saved["tasks"][0]["failed"] == result.failed
+
+
+# A fresh process (`compile --tuning DIR` on another day) must replay traces that tensorize
+# with intrinsics registered on demand: the dotprod direct-read form of a 3x3 layer and
+# neon's whole-K form. The database is written here as tune writes it; the child process
+# only loads it and schedules.
+_REPLAY_CHILD = """
+import sys, tvm
+from tvm_armq import tuning
+from tvm_armq.intrinsics import kernels
+db = tuning.load_database(sys.argv[1])
+for path, level in zip(sys.argv[2::2], sys.argv[3::2]):
+    func = tvm.ir.load_json(open(path).read())["main"]
+    scheduled = tuning.schedule_from_database(db, func, level)
+    assert scheduled is not None, level
+    assert "llvm.aarch64.neon" in scheduled.script(), (level, "not tensorized")
+print("replayed")
+"""
+
+
+def test_stored_traces_replay_in_a_fresh_process(tmp_path):
+    import tvm
+    from tvm import s_tir
+    from tvm.s_tir import meta_schedule as ms
+
+    work = tmp_path / "db"
+    work.mkdir()
+    db = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
+    shape = cg.Conv2DShape(1, 8, 8, 16, 16, 3, 3, padding=(1, 1, 1, 1))
+    args = []
+    for level in ("dotprod", "neon"):
+        target = build.resolve_target(level)
+        kernel = kernels.select(target, "int8", "int8")
+        func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
+                                   in_zp=0, out_zp=0, act_range=(-128, 127))
+        workload = tuning._workload(func)
+        sch = s_tir.Schedule(workload, seed=2)
+        cg.sample_conv2d_gemm(sch, kernel, target)
+        entry = db.commit_workload(workload)
+        db.commit_tuning_record(ms.database.TuningRecord(
+            sch.trace, entry, [1e-3], tvm.target.Target(target),
+            ms.arg_info.ArgInfo.from_prim_func(workload["main"])))
+        path = tmp_path / f"{level}.json"
+        path.write_text(tvm.ir.save_json(tvm.IRModule({"main": func})))
+        args += [str(path), level]
+    tuning._write_summary(tuning.TuningSummary(
+        "", "", str(work), 0.0, [tuning.TaskSummary("conv", "gemm")]))
+    res = subprocess.run([sys.executable, "-c", _REPLAY_CHILD, str(work), *args],
+                         capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0 and "replayed" in res.stdout, res.stderr[-3000:]
