@@ -149,3 +149,83 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
                            [i, tirx.Ramp(0, 1, nr)])
 
     return kernels.build_impl_k_loop(kernel, k_blocks, emit)
+
+
+def supports_direct(kernel: Kernel) -> bool:
+    """Whether ``kernel`` has a direct-read form (``impl_direct``): the int8 kernel, the
+    one the int8 convolutions use and the device tests cover."""
+    return kernel in KERNELS and (kernel.a_dtype, kernel.b_dtype) == ("int8", "int8")
+
+
+def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
+    """The whole-K kernel (``impl_k_loop``) with A read in place (``kernels.desc_direct``):
+    its rows are runs of the input as ``window`` says (``kernels.DirectWindow``), not a
+    packed block. The packed A block of this kernel is four rows of 16 consecutive K
+    bytes, which is exactly what 16 bytes of an input row already are: reading A in place
+    changes only the address of each row's load, not a single instruction.
+
+        for each run r of the rows (one for a pointwise conv, one per kernel row of a
+        kh x kw one), each 16-byte block kb of the run, each 8-byte half h, each tile t:
+            S_tij += saddlp(smull(A[row i, run r, 16kb + 8h : +8],
+                                  B[t, kb of run r, j, 8h : +8]))
+        C[t, i, 0:4] += addp(addp(S_ti0, S_ti1), addp(S_ti2, S_ti3))
+
+    One micro-tile's 16 partial-sum vectors and 8 operand halves fill the register file,
+    so ``conv2d_gemm`` picks n_tiles = 1 (more tiles are correct, and spill).
+    """
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    if not supports_direct(kernel):
+        raise ValueError(f"{kernel.name} has no direct-read form (int8 smull/sadalp only)")
+    mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
+    products = f"{prod_dtype}x{_HALF}"
+    blocks = window.segment // kr
+
+    def emit(A, B, C):
+        # S_tij at lanes [((t * mr + i) * nr + j) * 4, +4): constant indices only
+        partial = T.alloc_buffer((n_tiles * mr * nr * _LANES,), "int32", scope="local")
+
+        def at(t, i, j):
+            return ((t * mr + i) * nr + j) * _LANES
+
+        for t in range(n_tiles):
+            for i in range(mr):
+                for j in range(nr):
+                    T.buffer_store(partial, tirx.Broadcast(tirx.const(0, "int32"), _LANES),
+                                   [tirx.Ramp(at(t, i, j), 1, _LANES)])
+
+        def run(r):
+            # one loop step per 8-byte half, as in impl_k_loop (one smull + one sadalp each)
+            with T.serial(blocks) as kb:
+                with T.serial(2) as h:
+                    offset = r * window.segment_stride + kb * kr + h * _HALF
+                    a_half = [T.bind(A.vload([i * window.stride + offset], half))
+                              for i in range(mr)]
+                    for t in range(n_tiles):
+                        b_half = [T.bind(B.vload([t, r * blocks + kb, j, h * _HALF], half))
+                                  for j in range(nr)]
+                        for i in range(mr):
+                            for j in range(nr):
+                                prod = tirx.call_llvm_pure_intrin(products, mull, a_half[i],
+                                                                  b_half[j])
+                                s_tij = partial.vload([at(t, i, j)], acc)
+                                T.buffer_store(
+                                    partial, s_tij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
+                                    [tirx.Ramp(at(t, i, j), 1, _LANES)])
+
+        if window.segments == 1:
+            run(0)
+        else:
+            with T.serial(window.segments) as r:
+                run(r)
+        for t in range(n_tiles):
+            for i in range(mr):
+                s = [partial.vload([at(t, i, j)], acc) for j in range(nr)]
+                pairs = [tirx.call_llvm_pure_intrin(acc, ADDP, s[j], s[j + 1])
+                         for j in range(0, nr, 2)]
+                row = tirx.call_llvm_pure_intrin(acc, ADDP, *pairs)
+                T.buffer_store(C, C.vload([t, i, 0], f"{kernel.acc_dtype}x{nr}") + row,
+                               [t, i, tirx.Ramp(0, 1, nr)])
+
+    return kernels.build_impl_direct(kernel, window, n_tiles, emit)

@@ -376,8 +376,9 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
       output pixel ow0 + i of one output row (so out_w must be whole micro-tiles), and
       its K elements are the kh kernel rows of kw * C contiguous input elements each.
 
-    Both: ungrouped, and runs of whole K blocks (K, resp. C, a multiple of kr), so B is
-    packed densely (``row_blocked_k`` is None).
+    Both: ungrouped, and runs of at least two whole K blocks (K, resp. C, a multiple of
+    kr, so B is packed densely: ``row_blocked_k`` is None; a run of one block would leave
+    a unit K loop, which the intrinsic's pattern does not match).
     """
     from tvm_armq.intrinsics.kernels import DirectWindow
 
@@ -386,9 +387,9 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
     if s.groups != 1:
         return None
     if s.is_pointwise:
-        ok = s.gemm_m % mr == 0 and s.gemm_k % kr == 0
+        ok = s.gemm_m % mr == 0 and s.gemm_k % kr == 0 and s.gemm_k >= 2 * kr
         return DirectWindow.pointwise(s.gemm_k) if ok else None
-    if s.dilation[1] != 1 or s.in_c % kr or s.out_w % mr:
+    if s.dilation[1] != 1 or s.in_c % kr or s.out_w % mr or s.kw * s.in_c < 2 * kr:
         return None
     pt, pl, pb, pr = s.padding
     width = s.in_w + pl + pr  # of the bordered copy, or of the input itself if unpadded
@@ -655,11 +656,15 @@ def _epilogue_registers(kernel, m_tiles: int, n_tiles: int) -> int:
 def _direct_n_tiles(nb: int, kernel) -> int:
     """n_tiles of a direct-read GEMM: its K loop covers n_tiles micro-tiles side by side,
     which share every A row load. The largest divisor of the column blocks whose output
-    row is at most ``STORE_CHANNELS`` and whose accumulators (mr per micro-tile) plus
-    operands (mr A rows and one B block) fit the register file."""
+    row is at most ``STORE_CHANNELS`` and whose K loop fits the register file: per
+    micro-tile, mr accumulators for the by-element dot product (one int32x4 row of C
+    each), mr * nr partial sums for the widening kernel; operands, mr A rows and one B
+    block (by element), or mr + nr rows (widening)."""
     budget = NEON_REGISTERS - SCRATCH_REGISTERS
+    per_tile, operands = {"by_element": (kernel.mr, kernel.mr + 1),
+                          "widening": (kernel.mr * kernel.nr, kernel.mr + kernel.nr)}[kernel.form]
     fits = [d for d in range(1, nb + 1) if nb % d == 0 and d * kernel.nr <= STORE_CHANNELS
-            and d * kernel.mr + kernel.mr + 1 <= budget]
+            and d * per_tile + operands <= budget]
     return max(fits)
 
 

@@ -241,7 +241,7 @@ def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
 
 # ------------------------------------------------------------- the design space
 # (7 output columns: no whole micro-tiles along a row, so dotprod packs A too; the design
-# space of a direct-read layer is checked by test_direct_read_pointwise_on_device)
+# space of a direct-read layer is checked by test_direct_read_on_device)
 SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 7, 8, 16, 3, 3, padding=(1, 1, 1, 1)), in_zp=-3,
                     out_zp=4)
 SEEDS = range(1, 7)
@@ -329,23 +329,30 @@ DIRECT_CASES = [
     Case("direct_3x3_rows_dilated", S(1, 10, 8, 16, 8, 3, 3, dilation=(2, 1),
                                      padding=(2, 1, 2, 1)), in_zp=-40, out_zp=-3),
     Case("direct_1x1_s2_c24", S(1, 8, 16, 24, 8, 1, 1, strides=(2, 2)), in_zp=60, out_zp=9),
+    Case("direct_1x1_s2_c32", S(1, 8, 16, 32, 12, 1, 1, strides=(2, 2)), in_zp=-60,
+         out_zp=2),
 ]
+# neon's kernel takes K in blocks of 16 (kr): the runs of A must be two or more of them,
+# which 8 cases are; dotprod's (kr = 4) takes every case.
+DIRECT_LEVELS = {"neon": 8, "dotprod": len(DIRECT_CASES)}
 DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
 
 
-def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
-    """At dotprod, a pointwise GEMM that reads its input in place (no A_packed stage) with
-    the by-element kernel is bit-exact, with default knobs and with 2 x 2 tiles; from
-    DIRECT_MIN_K, conv2d_gemm_func builds that form by itself; a candidate of the tuner's
-    design space (sample_conv2d_gemm) is tensorized and bit-exact too."""
+@pytest.mark.parametrize("level", list(DIRECT_LEVELS))
+def test_direct_read_on_device(run_funcs, level, tmp_path, report):
+    """At neon (smull/sadalp) and dotprod (sdot by element), a GEMM that reads its input in
+    place (no A_packed stage; pointwise and kh x kw layers) is bit-exact, with default
+    knobs and with 2 x 2 tiles; from DIRECT_MIN_K, conv2d_gemm_func builds that form by
+    itself; a candidate of the tuner's design space (sample_conv2d_gemm) is tensorized and
+    bit-exact too."""
     from tvm import s_tir, te
 
-    level = "dotprod"
     target = build.resolve_target(level)
     kernel = kernels.select(target, "int8", "int8")
+    cases = [c for c in DIRECT_CASES if cg.can_read_input_directly(c.shape, kernel)]
+    assert len(cases) == DIRECT_LEVELS[level], [c.name for c in cases]
     funcs = {}
-    for c in DIRECT_CASES:
-        assert cg.can_read_input_directly(c.shape, kernel), c.name
+    for c in cases:
         quant = dict(in_zp=c.in_zp, out_zp=c.out_zp, act_range=c.act_range)
         if cg.reads_input_directly(c.shape, kernel):
             f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, **quant)
@@ -363,20 +370,21 @@ def test_direct_read_pointwise_on_device(run_funcs, tmp_path, report):
         assert kinds.count("SamplePerfectTile") == 1 and "Tensorize" in kinds, kinds
         funcs[f"{c.name}_sampled"] = sch.mod["main"]
     tags = list(DIRECT_KNOBS) + ["sampled"]
-    data = [_case_data(c, 100 + i, kernel) for i, c in enumerate(DIRECT_CASES)]
+    data = [_case_data(c, 100 + i, kernel) for i, c in enumerate(cases)]
     calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
-             for c, (args, _) in zip(DIRECT_CASES, data) for tag in tags]
+             for c, (args, _) in zip(cases, data) for tag in tags]
     asm, outs = run_funcs(level, funcs, calls, tmp_path / "direct.so")
     assert all(ins in asm for ins in kernel.instructions)
     expected = [exp for _, exp in data for _ in tags]
     for (name, *_), out, exp in zip(calls, outs, expected):
         np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
-    report(f"conv2d_gemm direct read {kernel.name:28s} {level:8s} {len(DIRECT_CASES)} "
+    report(f"conv2d_gemm direct read {kernel.name:28s} {level:8s} {len(cases)} "
            f"cases x {len(tags)} schedules bit-exact")
 
 
 def test_direct_read_only_where_it_applies():
-    """Direct read needs a by-element kernel, K >= DIRECT_MIN_K and an ungrouped layer:
+    """Direct read needs a kernel with a direct form (sdot by element, smull/sadalp; not
+    smmla, whose A block interleaves two rows), K >= DIRECT_MIN_K and an ungrouped layer:
     pointwise with M % mr == 0 and K % kr == 0, or kh x kw with C % kr == 0, columns not
     dilated and out_w % mr == 0; every other layer and kernel keeps the A pack."""
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
@@ -398,9 +406,13 @@ def test_direct_read_only_where_it_applies():
     assert not cg.reads_input_directly(dataclasses.replace(conv, dilation=(1, 2)), dot)
     assert not cg.reads_input_directly(dataclasses.replace(conv, in_c=32, groups=2), dot)
     assert not cg.reads_input_directly(S(1, 4, 4, 8, 8, 1, 1, groups=2), dot)
-    for other in ("neon", "i8mm"):
-        kernel = kernels.select(build.resolve_target(other), "int8", "int8")
-        assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), kernel), other
+    neon = kernels.select(build.resolve_target("neon"), "int8", "int8")
+    assert cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), neon)
+    assert not cg.reads_input_directly(S(1, 14, 14, 72, 16, 1, 1), neon)  # K % 16
+    assert cg.reads_input_directly(conv, neon)  # runs of 3 x 16 bytes: whole blocks of 16
+    assert not cg.reads_input_directly(dataclasses.replace(conv, in_c=24), neon)  # C % 16
+    i8mm = kernels.select(build.resolve_target("i8mm"), "int8", "int8")
+    assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), i8mm)
     assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)
 
 
