@@ -338,16 +338,19 @@ def test_names_follow_the_grammar_and_are_the_intrinsic_names():
     assert kernels.TABLE[0].isa == "ref"  # the bottom rung answers for every target
 
 
-def test_direct_read_form_is_the_signed_by_element_kernel_only():
+def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     """The direct-read intrinsic (A read in place, ``kernels.desc_direct``) exists for the
-    int8 by-element sdot kernel alone, registers per (window, n_tiles) under its own name
-    and rejects a run of A that is no multiple of kr (A is not padded). Its results on the
-    device are checked by tests/test_conv2d_gemm.py (direct-read cases)."""
+    int8 by-element sdot kernel and the int8 smull/sadalp kernel (whose packed A block is
+    16 consecutive bytes of a row anyway), not for smmla (its block interleaves two rows);
+    it registers per (window, n_tiles) under its own name and rejects a run of A that is no
+    multiple of kr (A is not padded). Its results on the device are checked by
+    tests/test_conv2d_gemm.py (direct-read cases)."""
     from tvm.s_tir import TensorIntrin
 
     W = kernels.DirectWindow
     direct = [k.name for k in kernels.TABLE if kernels.has_direct(k)]
-    assert direct == [kernels.GEMM_S8S8S32_4X4X4_DOTPROD]
+    assert sorted(direct) == sorted([kernels.GEMM_S8S8S32_4X4X4_DOTPROD,
+                                     kernels.GEMM_S8S8S32_4X4X16_NEON]), direct
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     conv = W(segment=48, segments=3, segment_stride=544, row_stride=16)  # 3x3, C = 16
     assert (conv.k, conv.stride, conv.extent(4)) == (144, 16, 3 * 16 + 2 * 544 + 48)
