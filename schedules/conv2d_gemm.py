@@ -391,7 +391,7 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
         return DirectWindow.pointwise(s.gemm_k) if ok else None
     if s.dilation[1] != 1 or s.in_c % kr or s.out_w % mr or s.kw * s.in_c < 2 * kr:
         return None
-    pt, pl, pb, pr = s.padding
+    _, pl, _, pr = s.padding
     width = s.in_w + pl + pr  # of the bordered copy, or of the input itself if unpadded
     return DirectWindow(segment=s.kw * s.in_c, segments=s.kh,
                         segment_stride=s.dilation[0] * width * s.in_c,
@@ -437,8 +437,6 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: st
     (b, y, x) would need divisions. K is reduced over (run, K block, kk) so that B's K
     block is run * blocks + block."""
     from tvm import te
-
-    from tvm_armq.intrinsics.kernels import DirectWindow  # noqa: F401 - the record's home
 
     mr, nr, kr = mr_nr_kr
     s = shape
@@ -520,7 +518,7 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
 
     mr, nr, kr = mr_nr_kr
     s, G = shape, shape.groups
-    m_total, k_total, n_group = s.gemm_m, s.gemm_k, s.gemm_n
+    m_total, n_group = s.gemm_m, s.gemm_n
     kb, nb = s.packed_k(kr, in_dtype) // kr, _ceil_div(n_group, nr)
 
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), in_dtype, "data")
