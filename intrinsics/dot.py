@@ -199,11 +199,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(acc, C.vload([tile, i, 0], row), [lanes(tile, i)])
-        if window.segments == 1:
-            run(0)
-        else:
-            with T.serial(window.segments) as r:
-                run(r)
+        kernels.for_each_run(window, run)
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),

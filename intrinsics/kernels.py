@@ -596,6 +596,18 @@ def build_impl_direct(kernel: Kernel, window: DirectWindow, n_tiles: int, emit):
     return _direct_func(kernel, window, n_tiles, direct_name(kernel, window, n_tiles), emit)
 
 
+def for_each_run(window: DirectWindow, run) -> None:
+    """In an impl being built: ``run(r)`` for every run r of ``window``'s rows, r a
+    constant for a single run, else the variable of a serial loop over the runs."""
+    from tvm.script import tirx as T
+
+    if window.segments == 1:
+        run(0)
+    else:
+        with T.serial(window.segments) as r:
+            run(r)
+
+
 def register_direct(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
     """Register ``kernel``'s direct-read TensorIntrin for ``window`` and n_tiles (once);
     its name."""

@@ -214,11 +214,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
                                     partial, s_tij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
                                     [tirx.Ramp(at(t, i, j), 1, _LANES)])
 
-        if window.segments == 1:
-            run(0)
-        else:
-            with T.serial(window.segments) as r:
-                run(r)
+        kernels.for_each_run(window, run)
         for t in range(n_tiles):
             for i in range(mr):
                 s = [partial.vload([at(t, i, j)], acc) for j in range(nr)]

@@ -27,10 +27,11 @@ kr-byte load from the input; packed densely, a block straddles kernel rows and m
 gathered byte by byte. The padding costs a few zero MACs per row (XNNPACK's c4 kernels
 pad each tap's channels to 4, K = 36 for the same stem).
 
-Direct read (``reads_input_directly``): a by-element dot-product kernel can take rows of
-A as they lie in the input (a 16-byte load of a row holds four K steps; the instruction's
-lane index picks one; ``kernels.desc_direct``), wherever each row is a few runs of
-contiguous bytes (``direct_window``):
+Direct read (``reads_input_directly``): a kernel with a direct-read form can take rows of
+A as they lie in the input (``kernels.desc_direct``; sdot by element: a 16-byte load of a
+row holds four K steps and the lane index picks one; smull/sadalp: its packed row is 16
+consecutive K bytes anyway), wherever each row is a few runs of contiguous bytes
+(``direct_window``):
 
     1x1 stride 1      A *is* the input: row m = pixel m's channels, one run of K bytes
     kh x kw           row m = output pixel m's window: kh runs (kernel rows) of kw * in_c
@@ -207,7 +208,7 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
     row = s.kernel_row_k(kr, data.dtype)  # K per kernel row if row-blocked, else None
 
     if row is not None and not s.is_pointwise and dw == 1:
-        return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt)
+        return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt, row, kb)
 
     # With whole channel blocks (cg % kr == 0) and padding, the input is first copied into
     # a buffer with a border of pad_value (``data_padded``, one pass over the input): the
@@ -279,9 +280,10 @@ ROWS_INTERIOR = "tvm_armq.rows_interior"
 COPY_LANES = 16  # elements per vector of the copy: one NEON register of int8
 
 
-def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt):
+def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt, row: int, kb: int):
     """``im2col_packed_te`` for a row-blocked K (``row_blocked_k``; ungrouped, columns not
-    dilated): every block of A is kr contiguous elements of one image row.
+    dilated; ``row`` K elements per kernel row, ``kb`` K blocks): every block of A is kr
+    contiguous elements of one image row.
 
     The input is first copied into ``data_rows[batch, pt + H + pb, row]``: each padded
     image row flattened to its (x, c) elements, in whole ``COPY_LANES`` vectors:
@@ -304,7 +306,7 @@ def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt):
 
     mr, _, kr = mr_nr_kr
     s = shape
-    row, c = s.kernel_row_k(kr, data.dtype), s.in_c
+    c = s.in_c
     blocks_per_row = row // kr
     pt, pl, pb, pr = s.padding
     (sh, sw), dh = s.strides, s.dilation[0]
@@ -326,7 +328,7 @@ def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt):
     rows = te.compute((s.batch, pt + s.in_h + pb, row_len), row_element, name=ROWS_STAGE,
                       attrs={ROWS_INTERIOR: interior})
     m_total, ohw = s.gemm_m, s.out_h * s.out_w
-    mb, kb = _ceil_div(m_total, mr), s.packed_k(kr, data.dtype) // kr
+    mb = _ceil_div(m_total, mr)
 
     def a_element(g, bm, bk, i, j):
         m = tirx.min(bm * mr + i, m_total - 1)
@@ -400,8 +402,8 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
 
 def can_read_input_directly(shape: Conv2DShape, kernel) -> bool:
     """Whether the GEMM of ``shape`` *can* read A from the input in place with ``kernel``:
-    a kernel with a direct-read form (``kernels.has_direct``: the by-element dot
-    products) and a layer ``direct_window`` accepts."""
+    a kernel with a direct-read form (``kernels.has_direct``: sdot by element, int8
+    smull/sadalp) and a layer ``direct_window`` accepts."""
     from tvm_armq.intrinsics import kernels
 
     return (kernel is not None and kernels.has_direct(kernel)
@@ -463,19 +465,15 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: st
                              -1 if window.row_stride is None else window.row_stride]}
     rk = te.reduce_axis((0, kr), "kk")
     rb = te.reduce_axis((0, blocks), "kb")
-    if window.segments == 1:
-        return te.compute(
-            (G, mb, nb, mr, nr),
-            lambda g, bm, bn, i, j: te.sum(
-                source[0, 0, 0, a_at(bm, i, 0, rb, rk)].astype(acc_dtype)
-                * b_packed[g, bn, rb, j, rk].astype(acc_dtype), axis=[rb, rk]),
-            name="gemm", attrs=attrs)
-    rr = te.reduce_axis((0, window.segments), "kr_row")
+    # a single run has no run axis (a unit loop the intrinsic's pattern would not match)
+    runs = [te.reduce_axis((0, window.segments), "kr_row")] if window.segments > 1 else []
+    rr = runs[0] if runs else 0
+    b_block = rr * blocks + rb if runs else rb
     return te.compute(
         (G, mb, nb, mr, nr),
         lambda g, bm, bn, i, j: te.sum(
             source[0, 0, 0, a_at(bm, i, rr, rb, rk)].astype(acc_dtype)
-            * b_packed[g, bn, rr * blocks + rb, j, rk].astype(acc_dtype), axis=[rr, rb, rk]),
+            * b_packed[g, bn, b_block, j, rk].astype(acc_dtype), axis=runs + [rb, rk]),
         name="gemm", attrs=attrs)
 
 
@@ -856,14 +854,12 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
     if a_packed is not None:
         sch.vectorize(sch.get_loops(a_packed)[-1])
-    rows = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-            if sch.get(b).name_hint == ROWS_STAGE]
-    if rows:
-        _schedule_rows_copy(sch, rows[0], parallel)
-    padded = [b for b in sch.get_child_blocks(sch.get_sblock("root"))
-              if sch.get(b).name_hint == "data_padded"]
-    if padded:  # the bordered input copy: rows in parallel, channels in vectors
-        rows, channels = sch.get_loops(padded[0])[1], sch.get_loops(padded[0])[-1]
+    stages = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    if ROWS_STAGE in stages:
+        _schedule_rows_copy(sch, stages[ROWS_STAGE], parallel)
+    if "data_padded" in stages:  # the bordered input copy: rows in parallel, channels in vectors
+        loops = sch.get_loops(stages["data_padded"])
+        rows, channels = loops[1], loops[-1]
         sch.vectorize(channels)
         if parallel:
             sch.parallel(rows)

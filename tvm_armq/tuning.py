@@ -588,17 +588,6 @@ def _register_ops() -> None:
 _INTRIN_NAME = re.compile(r'"(gemm_[a-z0-9_]+__(?:k\d+|direct_[a-z0-9_]+))"')
 
 
-def _register_intrinsics(trace) -> None:
-    """Register the TensorIntrins ``trace`` tensorizes with: the whole-K and direct-read
-    forms are registered on demand when a schedule is built, so a process replaying a
-    stored trace may not have them yet (their names carry their parameters)."""
-    from .intrinsics import kernels
-
-    for inst in trace.insts:
-        if inst.kind.name == "Tensorize":
-            kernels.register_named(str(inst.attrs[0]))
-
-
 def _check_lines(path: Path, check) -> int:
     """Every line of a MetaSchedule JSON-lines table must parse and have its shape."""
     n = 0
@@ -669,7 +658,9 @@ def load_database(work_dir):
     _check_lines(paths[1], _record_row(n_workloads))
     _register_ops()
     # MetaSchedule checks every trace's Tensorize against the registered intrinsics as it
-    # reads the records; register the on-demand forms they name (``_register_intrinsics``)
+    # reads the records. The whole-K and direct-read forms are registered on demand when a
+    # schedule is built, so a process that only replays has not built them: register the
+    # ones the records name (their names carry their parameters: kernels.register_named).
     from .intrinsics import kernels
 
     for name in sorted(set(_INTRIN_NAME.findall(paths[1].read_text(errors="replace")))):
@@ -708,7 +699,6 @@ def schedule_from_database(database, func, target):
     record = _best_record(database, func, tgt)
     if record is None:
         return None
-    _register_intrinsics(record.trace)
     sch = s_tir.Schedule(_workload(func))
     record.trace.apply_to_schedule(sch, remove_postproc=False)
     scheduled = sch.mod["main"]
