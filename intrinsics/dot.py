@@ -20,6 +20,22 @@ By element, 4x4x4 (math: 4 x 4 · 4 x 4 → 4 x 4): one instruction per row of C
   The 4 bytes of A's row i are the indexed (broadcast) group, B's block is the vector
   operand, so lane j of the result is column j of C and each row of C is one register.
 
+By element, one row, 1x4x4 (math: 1 x 4 · 4 x 4 → 1 x 4): the same instruction for a GEMM
+of one row (a dense layer on one vector), where the 4-row block would multiply three rows
+of padding. B's packing is the 4x4x4 kernel's; A's block is the row's 4 bytes.
+
+    Va   = A[0, 0:4] in every group       (the direct form: a 16-byte load of A holds
+                                           four blocks, lane t picks block t)
+    Vn   = packed B block  | B[0,0:4] | B[1,0:4] | B[2,0:4] | B[3,0:4] |
+    C[0, 0:4]:             sdot Vc.4s, Vn.16b, Va.4b[t]
+
+  In the block form LLVM loads the 4 bytes already replicated (``ld1r {Va.4s}``) and
+  emits the by-vector form on that register: the same arithmetic, the same one load.
+
+  Every byte of B is used once, so this form is bound by B's loads: one 16-byte load per
+  instruction. Its direct-read form (``impl_direct``) keeps several column blocks'
+  accumulators in flight, one register each.
+
 By vector, 4x4x16 (math: 4 x 16 · 16 x 4 → 4 x 4): the dotprod counterpart of the Armv8.0
 kernel in ``neon.py`` (same block, same packing); per (i, j) one instruction on whole rows
 gives four partial sums, and a pairwise-add tree turns 4 x 4 of them into a row of C.
@@ -56,6 +72,9 @@ KERNELS = BY_ELEMENT + BY_VECTOR
 
 _GROUP = 4  # bytes per dot-product group: one int32 lane of the accumulator
 _LANES = 4  # int32 lanes of a 128-bit accumulator (= groups per 16-byte source)
+# Rows of A a by-element block can have: four (one indexed lane each), or one (the
+# one-row kernels: its group broadcast; select gives them to GEMMs of one row)
+ROWS = (1, _LANES)
 
 
 def _dot(kernel: Kernel, acc, first, second):
@@ -71,18 +90,21 @@ def _by_element(kernel: Kernel):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    kernels.check_shape(kernel, _LANES, _LANES, _GROUP)
+    kernels.check_shape(kernel, ROWS, _LANES, _GROUP)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    block = f"x{mr * kr}"
+    vector = f"x{_LANES * _GROUP}"
     row = f"{kernel.acc_dtype}x{nr}"
 
     def emit(A, B, C):
-        vb = T.bind(B.vload([0, 0], kernel.b_dtype + block))
-        # A's block as four int32 lanes, one per row: lane i is row i's 4-byte group
-        a_groups = T.bind(tirx.reinterpret(f"int32x{mr}", A.vload([0, 0], kernel.a_dtype + block)))
+        vb = T.bind(B.vload([0, 0], kernel.b_dtype + vector))
+        # A's block as int32 lanes, one per row: lane i is row i's 4-byte group (one row:
+        # a single int32, broadcast below)
+        a_block = A.vload([0, 0], f"{kernel.a_dtype}x{mr * kr}")
+        a_groups = T.bind(tirx.reinterpret("int32" if mr == 1 else f"int32x{mr}", a_block))
         for i in range(mr):
-            a_row_i = tirx.reinterpret(kernel.a_dtype + block,
-                                       tirx.Shuffle([a_groups], [i] * _LANES))
+            group = (tirx.Broadcast(a_groups, _LANES) if mr == 1
+                     else tirx.Shuffle([a_groups], [i] * _LANES))
+            a_row_i = tirx.reinterpret(kernel.a_dtype + vector, group)
             # LLVM folds the broadcast into the indexed form only where the instruction's
             # indexed operand sits: the second source for sdot/udot, while for the mixed
             # sign it must stay the first (unsigned) usdot operand, which LLVM emits as
@@ -150,7 +172,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
 
     if not supports_direct(kernel):
         raise ValueError(f"{kernel.name} has no direct-read form (int8 by-element sdot only)")
-    kernels.check_shape(kernel, _LANES, _LANES, _GROUP)
+    kernels.check_shape(kernel, ROWS, _LANES, _GROUP)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     steps = window.segment // kr  # K steps per run
     chunk = _LANES  # K steps per 16-byte row load

@@ -63,10 +63,14 @@ GEMM_S8U8S32_1X1X1_REF = "gemm_s8u8s32_1x1x1_ref"
 GEMM_BF16BF16F32_1X1X1_REF = "gemm_bf16bf16f32_1x1x1_ref"
 GEMM_S8S8S32_4X4X16_NEON = "gemm_s8s8s32_4x4x16_neon"
 GEMM_U8U8S32_4X4X16_NEON = "gemm_u8u8s32_4x4x16_neon"
+GEMM_S8S8S32_1X4X16_NEON = "gemm_s8s8s32_1x4x16_neon"
+GEMM_U8U8S32_1X4X16_NEON = "gemm_u8u8s32_1x4x16_neon"
 GEMM_S8S8S32_4X4X16_DOTPROD = "gemm_s8s8s32_4x4x16_dotprod"
 GEMM_U8U8S32_4X4X16_DOTPROD = "gemm_u8u8s32_4x4x16_dotprod"
 GEMM_S8S8S32_4X4X4_DOTPROD = "gemm_s8s8s32_4x4x4_dotprod"
 GEMM_U8U8S32_4X4X4_DOTPROD = "gemm_u8u8s32_4x4x4_dotprod"
+GEMM_S8S8S32_1X4X4_DOTPROD = "gemm_s8s8s32_1x4x4_dotprod"
+GEMM_U8U8S32_1X4X4_DOTPROD = "gemm_u8u8s32_1x4x4_dotprod"
 GEMM_U8S8S32_4X4X16_I8MM = "gemm_u8s8s32_4x4x16_i8mm"
 GEMM_U8S8S32_4X4X4_I8MM = "gemm_u8s8s32_4x4x4_i8mm"
 GEMM_S8S8S32_2X2X8_I8MM = "gemm_s8s8s32_2x2x8_i8mm"
@@ -158,6 +162,13 @@ TABLE: tuple[Kernel, ...] = (
     Kernel(GEMM_U8U8S32_4X4X16_NEON, 4, 4, 16, "uint8", "uint8", "int32", "neon",
            ("has_asimd",), ("umull", "uadalp", "addp"), "widening", "neon",
            "umull/umull2 + uaddlp/uadalp + addp (Armv8.0)"),
+    # ... and its one-row form, for a GEMM of one row (``select`` with rows = 1)
+    Kernel(GEMM_S8S8S32_1X4X16_NEON, 1, 4, 16, "int8", "int8", "int32", "neon",
+           ("has_asimd",), ("smull", "sadalp", "addp"), "widening", "neon",
+           "one row: smull/smull2 + saddlp/sadalp + addp (Armv8.0)"),
+    Kernel(GEMM_U8U8S32_1X4X16_NEON, 1, 4, 16, "uint8", "uint8", "int32", "neon",
+           ("has_asimd",), ("umull", "uadalp", "addp"), "widening", "neon",
+           "one row: umull/umull2 + uaddlp/uadalp + addp (Armv8.0)"),
     # Armv8.2 dot product, by vector: the drop-in for the neon kernel's 4x4x16 block (dot.py)
     Kernel(GEMM_S8S8S32_4X4X16_DOTPROD, 4, 4, 16, "int8", "int8", "int32", "dotprod",
            ("has_dotprod",), ("sdot", "addp"), "by_vector", "dot",
@@ -170,6 +181,10 @@ TABLE: tuple[Kernel, ...] = (
            ("has_dotprod",), ("sdot",), "by_element", "dot", "sdot (by element)"),
     Kernel(GEMM_U8U8S32_4X4X4_DOTPROD, 4, 4, 4, "uint8", "uint8", "int32", "dotprod",
            ("has_dotprod",), ("udot",), "by_element", "dot", "udot (by element)"),
+    Kernel(GEMM_S8S8S32_1X4X4_DOTPROD, 1, 4, 4, "int8", "int8", "int32", "dotprod",
+           ("has_dotprod",), ("sdot",), "by_element", "dot", "one row: sdot (by element)"),
+    Kernel(GEMM_U8U8S32_1X4X4_DOTPROD, 1, 4, 4, "uint8", "uint8", "int32", "dotprod",
+           ("has_dotprod",), ("udot",), "by_element", "dot", "one row: udot (by element)"),
     # Armv8.6 int8 matrix multiply extension: mixed-sign dot products (dot.py)
     Kernel(GEMM_U8S8S32_4X4X16_I8MM, 4, 4, 16, "uint8", "int8", "int32", "i8mm",
            ("has_matmul_i8",), ("usdot", "addp"), "by_vector", "dot",
@@ -272,47 +287,37 @@ def _dtype(d) -> str:
     return str(d)
 
 
-def select(target, a_dtype, b_dtype) -> Kernel:
+def is_one_row(kernel: Kernel) -> bool:
+    """Whether ``kernel`` is a one-row (GEMV) kernel: mr = 1, for GEMMs of one row only."""
+    return kernel.mr == 1 and kernel.intrin is not None
+
+
+def select(target, a_dtype, b_dtype, rows: int | None = None) -> Kernel:
     """The best kernel in ``TABLE`` for ``a_dtype`` x ``b_dtype`` whose features ``target``
-    has (the scalar reference when no instruction fits)."""
+    has (the scalar reference when no instruction fits).
+
+    ``rows`` is the GEMM's M where known. A one-row GEMM (rows = 1: a dense layer on one
+    input vector, a 1x1 convolution on a 1x1 image) takes the best one-row kernel
+    (``is_one_row``), ranked above every multi-row kernel, whose rows after the first
+    would only multiply padding (3 of 4 rows at neon and dotprod, 1 of 2 with smmla).
+    Any other GEMM never takes a one-row kernel: it would reload each block of B once
+    per row of A instead of once per mr rows."""
     target = as_target(target)
     a, b = _dtype(a_dtype), _dtype(b_dtype)
-    for kernel in reversed(TABLE):
-        if (kernel.a_dtype, kernel.b_dtype) == (a, b) and not missing_features(kernel, target):
-            return kernel
-    pairs = sorted({(k.a_dtype, k.b_dtype) for k in TABLE})
-    raise ValueError(f"no micro-kernel multiplies {a} by {b}; supported pairs: {pairs}")
+    fits = [k for k in reversed(TABLE)
+            if (k.a_dtype, k.b_dtype) == (a, b) and not missing_features(k, target)]
+    if not fits:
+        pairs = sorted({(k.a_dtype, k.b_dtype) for k in TABLE})
+        raise ValueError(f"no micro-kernel multiplies {a} by {b}; supported pairs: {pairs}")
+    one_row = [k for k in fits if is_one_row(k)]
+    if rows == 1 and one_row:
+        return one_row[0]
+    return next(k for k in fits if not is_one_row(k))
 
 
 # ------------------------------------------------------------- desc / impl
-def desc(kernel: Kernel):
-    """The scalar reference of ``kernel`` as a TVMScript PrimFunc (the TensorIntrin desc):
-    C[i, j] += acc(A[i, k]) * acc(B[j, k]) over i < mr, j < nr, k < kr."""
-    from tvm.script import tirx as T
-
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    a_dt, b_dt, c_dt = kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype
-
-    @T.prim_func(s_tir=True)
-    def gemm_block(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (mr, kr), a_dt, offset_factor=1)
-        B = T.match_buffer(b, (nr, kr), b_dt, offset_factor=1)
-        ldc = T.int32()
-        C = T.match_buffer(c, (mr, nr), c_dt, offset_factor=1, strides=[ldc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:mr, 0:kr], B[0:nr, 0:kr])
-            T.writes(C[0:mr, 0:nr])
-            for i, j, k in T.grid(mr, nr, kr):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast(c_dt, A[vi, vk]) * T.Cast(c_dt, B[vj, vk])
-
-    return gemm_block
-
-
-def build_impl(kernel: Kernel, emit):
-    """An impl PrimFunc with the same signature as ``desc(kernel)``: ``emit(A, B, C)`` adds
-    the instruction sequence (IRBuilder statements) inside the root block."""
+def _block_func(kernel: Kernel, name: str, body):
+    """A PrimFunc with the signature of the block form; ``body(A, B, C)`` fills it."""
     from tvm.script import tirx as T
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
@@ -320,7 +325,7 @@ def build_impl(kernel: Kernel, emit):
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     with IRBuilder() as ib:
         with ir_prim_func():
-            T.func_name(kernel.name)
+            T.func_name(name)
             a = T.arg("a", T.handle())
             b = T.arg("b", T.handle())
             c = T.arg("c", T.handle())
@@ -331,14 +336,47 @@ def build_impl(kernel: Kernel, emit):
             with T.sblock("root"):
                 T.reads(C[0:mr, 0:nr], A[0:mr, 0:kr], B[0:nr, 0:kr])
                 T.writes(C[0:mr, 0:nr])
-                emit(A, B, C)
+                body(A, B, C)
     return ib.get()
 
 
-def check_shape(kernel: Kernel, mr: int, nr: int, kr: int) -> None:
-    """Raise unless ``kernel`` has the block shape its instruction sequence computes."""
-    if (kernel.mr, kernel.nr, kernel.kr) != (mr, nr, kr):
-        raise ValueError(f"{kernel.name}: its instruction computes a {mr}x{nr}x{kr} block, "
+def desc(kernel: Kernel):
+    """The scalar reference of ``kernel`` as a PrimFunc (the TensorIntrin desc):
+    C[i, j] += acc(A[i, k]) * acc(B[j, k]) over i < mr, j < nr, k < kr."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    c_dt = kernel.acc_dtype
+
+    def body(A, B, C):
+        with T.grid(mr, nr, kr) as (i, j, k):
+            with T.sblock("update"):
+                # one row: the GEMM's row loop has extent 1 and blockize drops its iter
+                spatial = ([i] if mr > 1 else []) + [j]
+                bound = iter(T.axis.remap("S" * len(spatial) + "R", spatial + [k]))
+                vi = next(bound) if mr > 1 else 0
+                vj, vk = next(bound), next(bound)
+                T.reads(C[vi, vj], A[vi, vk], B[vj, vk])
+                T.writes(C[vi, vj])
+                product = T.Cast(c_dt, A[vi, vk]) * T.Cast(c_dt, B[vj, vk])
+                T.buffer_store(C, C[vi, vj] + product, [vi, vj])
+
+    return _block_func(kernel, kernel.name + "_desc", body)
+
+
+def build_impl(kernel: Kernel, emit):
+    """An impl PrimFunc with the same signature as ``desc(kernel)``: ``emit(A, B, C)`` adds
+    the instruction sequence (IRBuilder statements) inside the root block."""
+    return _block_func(kernel, kernel.name, emit)
+
+
+def check_shape(kernel: Kernel, mr: int | tuple[int, ...], nr: int, kr: int) -> None:
+    """Raise unless ``kernel`` has the block shape its instruction sequence computes
+    (``mr``: one row count, or the row counts it can do)."""
+    rows = mr if isinstance(mr, tuple) else (mr,)
+    if kernel.mr not in rows or (kernel.nr, kernel.kr) != (nr, kr):
+        want = "|".join(str(r) for r in rows)
+        raise ValueError(f"{kernel.name}: its instruction computes a {want}x{nr}x{kr} block, "
                          f"the record says {kernel.mr}x{kernel.nr}x{kernel.kr}")
 
 
@@ -382,35 +420,8 @@ def k_loop_name(kernel: Kernel, k_blocks: int) -> str:
     return f"{kernel.name}__k{k_blocks}"
 
 
-def desc_k_loop(kernel: Kernel, k_blocks: int):
-    """The scalar reference of ``kernel`` over a whole K loop: A and B are ``k_blocks``
-    consecutive packed blocks, C[i, j] += sum over kb, k of A[kb, i, k] * B[kb, j, k]."""
-    from tvm.script import tirx as T
-
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    a_dt, b_dt, c_dt = kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype
-
-    @T.prim_func(s_tir=True)
-    def gemm_k_loop(a: T.handle, b: T.handle, c: T.handle):
-        A = T.match_buffer(a, (k_blocks, mr, kr), a_dt, offset_factor=1)
-        B = T.match_buffer(b, (k_blocks, nr, kr), b_dt, offset_factor=1)
-        ldc = T.int32()
-        C = T.match_buffer(c, (mr, nr), c_dt, offset_factor=1, strides=[ldc, 1])
-        with T.sblock("root"):
-            T.reads(C[0:mr, 0:nr], A[0:k_blocks, 0:mr, 0:kr], B[0:k_blocks, 0:nr, 0:kr])
-            T.writes(C[0:mr, 0:nr])
-            for kb, i, j, k in T.grid(k_blocks, mr, nr, kr):
-                with T.sblock("update"):  # block iters in the GEMM block's order
-                    vi, vj, vb, vk = T.axis.remap("SSRR", [i, j, kb, k])
-                    C[vi, vj] = C[vi, vj] + (T.Cast(c_dt, A[vb, vi, vk])
-                                             * T.Cast(c_dt, B[vb, vj, vk]))
-
-    return gemm_k_loop
-
-
-def build_impl_k_loop(kernel: Kernel, k_blocks: int, emit):
-    """An impl PrimFunc with the signature of ``desc_k_loop(kernel, k_blocks)``;
-    ``emit(A, B, C)`` adds the instruction sequence."""
+def _k_loop_func(kernel: Kernel, k_blocks: int, name: str, body):
+    """A PrimFunc with the signature of the whole-K form; ``body(A, B, C)`` fills it."""
     from tvm.script import tirx as T
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
@@ -418,7 +429,7 @@ def build_impl_k_loop(kernel: Kernel, k_blocks: int, emit):
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     with IRBuilder() as ib:
         with ir_prim_func():
-            T.func_name(k_loop_name(kernel, k_blocks))
+            T.func_name(name)
             a = T.arg("a", T.handle())
             b = T.arg("b", T.handle())
             c = T.arg("c", T.handle())
@@ -429,8 +440,38 @@ def build_impl_k_loop(kernel: Kernel, k_blocks: int, emit):
             with T.sblock("root"):
                 T.reads(C[0:mr, 0:nr], A[0:k_blocks, 0:mr, 0:kr], B[0:k_blocks, 0:nr, 0:kr])
                 T.writes(C[0:mr, 0:nr])
-                emit(A, B, C)
+                body(A, B, C)
     return ib.get()
+
+
+def desc_k_loop(kernel: Kernel, k_blocks: int):
+    """The scalar reference of ``kernel`` over a whole K loop: A and B are ``k_blocks``
+    consecutive packed blocks, C[i, j] += sum over kb, k of A[kb, i, k] * B[kb, j, k]."""
+    from tvm.script import tirx as T
+
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    c_dt = kernel.acc_dtype
+
+    def body(A, B, C):
+        with T.grid(k_blocks, mr, nr, kr) as (kb, i, j, k):
+            with T.sblock("update"):  # block iters in the GEMM block's order
+                # one row: the GEMM's row loop has extent 1 and blockize drops its iter
+                spatial = ([i] if mr > 1 else []) + [j]
+                bound = iter(T.axis.remap("S" * len(spatial) + "RR", spatial + [kb, k]))
+                vi = next(bound) if mr > 1 else 0
+                vj, vb, vk = next(bound), next(bound), next(bound)
+                T.reads(C[vi, vj], A[vb, vi, vk], B[vb, vj, vk])
+                T.writes(C[vi, vj])
+                product = T.Cast(c_dt, A[vb, vi, vk]) * T.Cast(c_dt, B[vb, vj, vk])
+                T.buffer_store(C, C[vi, vj] + product, [vi, vj])
+
+    return _k_loop_func(kernel, k_blocks, k_loop_name(kernel, k_blocks) + "_desc", body)
+
+
+def build_impl_k_loop(kernel: Kernel, k_blocks: int, emit):
+    """An impl PrimFunc with the signature of ``desc_k_loop(kernel, k_blocks)``;
+    ``emit(A, B, C)`` adds the instruction sequence."""
+    return _k_loop_func(kernel, k_blocks, k_loop_name(kernel, k_blocks), emit)
 
 
 def register_k_loop(kernel: Kernel, k_blocks: int) -> str:
@@ -570,15 +611,17 @@ def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
             t, rest = loops[0], loops[1:]
             seg, (kb, i, j, kk) = (rest[0], rest[1:]) if segmented else (None, rest)
             with T.sblock("update"):
-                # One micro-tile: the GEMM's tile loop has extent 1 and blockize drops its
-                # block iter, so the pattern keeps the loop and binds no iter to it.
-                spatial = ([t] if n_tiles > 1 else []) + [i, j]
+                # One micro-tile (or one row): the GEMM's loop has extent 1 and blockize
+                # drops its block iter, so the pattern keeps the loop and binds no iter to it.
+                units = (n_tiles == 1, mr == 1)
+                spatial = [v for v, unit in zip((t, i), units) if not unit] + [j]
                 reduce = ([seg] if segmented else []) + [kb, kk]
-                iters = T.axis.remap("S" * len(spatial) + "R" * len(reduce), spatial + reduce)
-                if n_tiles == 1:
-                    iters = [0] + list(iters)
-                vt, vi, vj = iters[:3]
-                vs, vb, vk = (iters[3], iters[4], iters[5]) if segmented else (0, *iters[3:])
+                bound = iter(T.axis.remap("S" * len(spatial) + "R" * len(reduce),
+                                          spatial + reduce))
+                vt, vi = (0 if unit else next(bound) for unit in units)
+                vj = next(bound)
+                vs = next(bound) if segmented else 0
+                vb, vk = next(bound), next(bound)
                 a_at = vi * window.stride + vs * window.segment_stride + vb * kr + vk
                 b_at = (vt, vs * blocks + vb, vj, vk)
                 T.reads(C[vt, vi, vj], A[a_at], B[b_at])

@@ -17,6 +17,10 @@ widening adds, the design of TVM's original arm_cpu ``gemm_quantized`` int8 kern
 
 (umull/umull2 + uaddlp/uadalp for uint8 x uint8, accumulated in int32.)
 
+One row, 1x4x16 (math: 1 x 16 · 16 x 4 → 1 x 4): the same sequence with i = 0 only, for a
+GEMM of one row (``kernels.select`` with rows = 1), where the 4-row block would multiply
+three rows of padding. Each B row is then used once: 16 bytes of B per smull/smull2 pair.
+
 Overflow rule. An int8 x int8 product lies in [-16256, 16384] and always fits int16, so
 smull is exact. A SUM of two products in int16 is not: it overflows exactly when both are
 (-128) x (-128) = 16384, since 16384 + 16384 = 32768 > 32767 (every other pair stays within
@@ -45,6 +49,9 @@ KERNELS = tuple(k for k in kernels.TABLE if k.module == "neon")
 
 _HALF = 8  # int8 lanes a widening multiply takes from each 128-bit row (one half)
 _LANES = 4  # int32 lanes of the accumulator
+# Rows of A a block has: four, or one (the one-row kernels, which select gives to GEMMs of
+# one row; every sequence below is per row of A, so it is the same code with mr = 1)
+ROWS = (1, _LANES)
 
 
 def _widening_setup(kernel: Kernel):
@@ -54,7 +61,7 @@ def _widening_setup(kernel: Kernel):
         raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
     if kernel.a_dtype != kernel.b_dtype:
         raise ValueError(f"{kernel.name}: smull/umull need operands of one signedness")
-    kernels.check_shape(kernel, _LANES, _LANES, 2 * _HALF)
+    kernels.check_shape(kernel, ROWS, _LANES, 2 * _HALF)
     mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
     return (mull, addlp, prod_dtype, kernel.mr, kernel.nr, kernel.kr,
             f"{kernel.a_dtype}x{_HALF}", f"int32x{_LANES}")

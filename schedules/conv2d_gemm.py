@@ -612,6 +612,14 @@ SCRATCH_REGISTERS = 4
 # Widest macro tile row default_knobs aims for: 16 int8 outputs are one 128-bit store.
 STORE_CHANNELS = 16
 MAX_TILES = 8  # per direction; beyond this the loop body only grows
+# Widest output row of a one-row kernel's K loop (a GEMV: M = 1, ``kernels.is_one_row``).
+# Each column block then has one accumulator register, used by every instruction of its
+# column: the K loop needs several blocks in flight to hide the accumulate latency, and
+# there is no row reuse to trade them against. Measured on the logits (N = 1000: 250
+# column blocks of 4), one-row sdot, corrected tflite/tvm_armq at dotprod / i8mm:
+# 8 channels 0.64 / 0.51, 20: 1.12 / 1.18, 40: 1.15 / 1.39, 100: 0.38 / 1.02 (the
+# epilogue of 100 channels spills).
+ONE_ROW_CHANNELS = 40
 EPILOGUE_LANES = 4  # int32 lanes of one NEON register: the requantization's vector width
 # Registers the requantization keeps live per EPILOGUE_LANES output channels (bias,
 # multiplier, and the left and right shifts derived from shift), and for the whole tile
@@ -652,14 +660,16 @@ def _epilogue_registers(kernel, m_tiles: int, n_tiles: int) -> int:
 def _direct_n_tiles(nb: int, kernel) -> int:
     """n_tiles of a direct-read GEMM: its K loop covers n_tiles micro-tiles side by side,
     which share every A row load. The largest divisor of the column blocks whose output
-    row is at most ``STORE_CHANNELS`` and whose K loop fits the register file: per
+    row is at most ``STORE_CHANNELS`` (``ONE_ROW_CHANNELS`` for a one-row kernel) and
+    whose K loop fits the register file: per
     micro-tile, mr accumulators for the by-element dot product (one int32x4 row of C
     each), mr * nr partial sums for the widening kernel; operands, mr A rows and one B
     block (by element), or mr + nr rows (widening)."""
     budget = NEON_REGISTERS - SCRATCH_REGISTERS
     per_tile, operands = {"by_element": (kernel.mr, kernel.mr + 1),
                           "widening": (kernel.mr * kernel.nr, kernel.mr + kernel.nr)}[kernel.form]
-    fits = [d for d in range(1, nb + 1) if nb % d == 0 and d * kernel.nr <= STORE_CHANNELS
+    row = ONE_ROW_CHANNELS if kernel.mr == 1 else STORE_CHANNELS
+    fits = [d for d in range(1, nb + 1) if nb % d == 0 and d * kernel.nr <= row
             and d * per_tile + operands <= budget]
     return max(fits)
 

@@ -416,6 +416,59 @@ def test_direct_read_only_where_it_applies():
     assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)
 
 
+# GEMMs of one row (M = 1: a dense layer on one vector, a conv whose output is one pixel)
+# take the level's one-row kernel (kernels.select with rows = 1). Cases: read in place
+# with whole 16-byte row loads and with a K tail (dotprod: K = 200 is 50 steps of 4), the
+# widest K loop (30 column blocks: 10 tiles at dotprod, 5 at neon), K below DIRECT_MIN_K
+# and K no multiple of kr (packed A, N remainder), a 1x1 conv on a 1x1 image, a 3x3 VALID
+# conv whose output is one pixel (kernel rows read in place), a clamp.
+ONE_ROW_CASES = [
+    Case("one_row_k256_n120", S.dense(1, 256, 120), in_zp=-128, out_zp=3),
+    Case("one_row_k200_n40_tail", S.dense(1, 200, 40), in_zp=17, out_zp=-9),
+    Case("one_row_k36_packed", S.dense(1, 36, 20), in_zp=-3, out_zp=0),
+    Case("one_row_k70_n13", S.dense(1, 70, 13), in_zp=127, out_zp=-128,
+         act_range=(-128, 50)),
+    Case("one_row_1x1_on_1x1", S(1, 1, 1, 96, 24, 1, 1), in_zp=5, out_zp=2),
+    Case("one_row_3x3_valid_c16", S(1, 3, 3, 16, 12, 3, 3), in_zp=-60, out_zp=7),
+]
+ONE_ROW_KNOBS = {"default": None, "tiles": cg.GemmKnobs(n_tiles=2, k_unroll=2)}
+
+
+def test_one_row_gemm_on_device(run_funcs, level, tmp_path, report):
+    """A GEMM of one row runs the level's one-row kernel (neon: 1x4x16 smull/sadalp;
+    dotprod and i8mm: 1x4x4 sdot by element, which beats smmla's half-empty 2-row blocks),
+    bit-exact with default knobs (reading the input in place where it can) and with other
+    tiles; a multi-row GEMM never gets it."""
+    target = build.resolve_target(level)
+    kernel = kernels.select(target, "int8", "int8", rows=1)
+    assert kernels.is_one_row(kernel) and kernel.mr == 1, kernel.name
+    assert kernel.name == {"neon": kernels.GEMM_S8S8S32_1X4X16_NEON}.get(
+        level, kernels.GEMM_S8S8S32_1X4X4_DOTPROD)
+    assert not kernels.is_one_row(kernels.select(target, "int8", "int8", rows=2))
+    funcs, direct = {}, []
+    for c in ONE_ROW_CASES:
+        assert c.shape.gemm_m == 1
+        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
+                                out_zp=c.out_zp, act_range=c.act_range)
+        if cg.reads_input_directly(c.shape, kernel):
+            direct.append(c.name)
+        for tag, knobs in ONE_ROW_KNOBS.items():
+            knobs = knobs or cg.default_knobs(c.shape, kernel)
+            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+    # neon reads in place only where K is whole 16-byte blocks (K = 256, 96, 3x3x16)
+    assert len(direct) == (3 if level == "neon" else 4), direct
+    data = [_case_data(c, 300 + i, kernel) for i, c in enumerate(ONE_ROW_CASES)]
+    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
+             for c, (args, _) in zip(ONE_ROW_CASES, data) for tag in ONE_ROW_KNOBS]
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "one_row.so")
+    assert all(ins in asm for ins in kernel.instructions), kernel.instructions
+    expected = [exp for _, exp in data for _ in ONE_ROW_KNOBS]
+    for (name, *_), out, exp in zip(calls, outs, expected):
+        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
+    report(f"conv2d_gemm one row {kernel.name:28s} {level:8s} {len(ONE_ROW_CASES)} cases x "
+           f"{len(ONE_ROW_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
+
+
 # Layers built for their largest shift (max_shift, as the compiler does: real scales are
 # below 1/2, every shift <= -1): a dense-K 3x3, a row-blocked RGB stem, a pointwise layer
 # (direct read at dotprod) and one whose scales include 1/2..1 (shift 0: max_shift 0).

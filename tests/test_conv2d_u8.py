@@ -54,6 +54,9 @@ CASES = [
     Case("groups2_3x3", S(1, 6, 6, 8, 10, 3, 3, padding=(1, 1, 1, 1), groups=2), in_zp=33,
          w_zp=97, out_zp=120),
     Case("dense_rows3", S.dense(3, 70, 13), in_zp=200, w_zp=140, out_zp=77),
+    # one row: the one-row kernel of the level (kernels.select with rows = 1)
+    Case("dense_one_row", S.dense(1, 70, 13), in_zp=10, w_zp=128, out_zp=140),
+    Case("dense_one_row_k96", S.dense(1, 96, 24), in_zp=255, w_zp=60, out_zp=200),
     Case("symmetric_weights", S(1, 6, 6, 5, 8, 3, 3, padding=(1, 1, 1, 1)), in_zp=17,
          w_zp=0, out_zp=128),  # zp_w = 0: the GEMM alone, no row sums
 ]
@@ -109,14 +112,17 @@ def test_fold_bias_with_weight_zero_point():
 
 
 def test_conv2d_u8_on_device(run_funcs, level, tmp_path, report):
-    """Every case, bit-exact, row sums and output, on the level's best u8 x u8 kernel, whose
-    instruction the compiled module must contain. The GEMM is given the exact row sums, so
-    each of the two kernels is checked on its own."""
+    """Every case, bit-exact, row sums and output, on the level's best u8 x u8 kernel for
+    its number of rows (one-row cases: the one-row kernel), whose instruction the compiled
+    module must contain. The GEMM is given the exact row sums, so each of the two kernels
+    is checked on its own."""
     target = build.resolve_target(level)
-    kernel = kernels.select(target, U8, U8)
-    assert kernel.intrin is not None, f"no u8 x u8 instruction selected at {level}"
-    funcs, calls, expected = {}, [], []
+    funcs, calls, expected, used = {}, [], [], set()
     for i, c in enumerate(CASES):
+        kernel = kernels.select(target, U8, U8, rows=c.shape.gemm_m)
+        assert kernel.intrin is not None, f"no u8 x u8 instruction selected at {level}"
+        assert kernels.is_one_row(kernel) == (c.shape.gemm_m == 1), (c.name, kernel.name)
+        used.add(kernel)
         f = cg.conv2d_gemm_func(c.shape, _tile(kernel), in_dtype=U8, out_dtype=U8,
                                 in_zp=c.in_zp, out_zp=c.out_zp, act_range=c.act_range,
                                 w_zp=c.w_zp)
@@ -134,9 +140,12 @@ def test_conv2d_u8_on_device(run_funcs, level, tmp_path, report):
         calls.append((c.name, args, (s.gemm_m, s.groups, s.gemm_n), np.uint8))
         expected.append((c.name, out))
     asm, outs = run_funcs(level, funcs, calls, tmp_path / "conv_u8.so")
-    assert all(ins in asm for ins in kernel.instructions), kernel.instructions
+    assert len(used) == 2, [k.name for k in used]
+    for kernel in used:
+        assert all(ins in asm for ins in kernel.instructions), kernel.instructions
     for (what, want), got in zip(expected, outs):
         assert len(np.unique(want)) > min(8, want.size - 1), f"{what}: a degenerate reference"
         np.testing.assert_array_equal(got.reshape(want.shape), want,
                                       err_msg=f"{what} at {level}")
-    report(f"conv2d_u8 {kernel.name:28s} {level:8s} {len(CASES)} cases bit-exact")
+    names = " + ".join(sorted(k.name for k in used))
+    report(f"conv2d_u8 {names} {level:8s} {len(CASES)} cases bit-exact")

@@ -314,7 +314,11 @@ def test_assembly_has_the_instruction(kernel, level_build):
     missing = [ins for ins in kernel.instructions if ins not in mnemonics]
     assert not missing, f"{kernel.name}: {missing} not in its assembly"
     main = kernel.instructions[0]
-    if kernel.form == "by_element":
+    if kernel.form == "by_element" and kernels.is_one_row(kernel):
+        # one row: the block's 4 bytes are loaded replicated (ld1r), then by vector
+        assert re.search(r"\tld1r\t\{ v\d+\.4s \}", asm), kernel.name
+        assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), kernel.name
+    elif kernel.form == "by_element":
         assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]", asm), kernel.name
     elif kernel.form == "by_vector":
         assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), kernel.name
@@ -350,7 +354,9 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     W = kernels.DirectWindow
     direct = [k.name for k in kernels.TABLE if kernels.has_direct(k)]
     assert sorted(direct) == sorted([kernels.GEMM_S8S8S32_4X4X4_DOTPROD,
-                                     kernels.GEMM_S8S8S32_4X4X16_NEON]), direct
+                                     kernels.GEMM_S8S8S32_1X4X4_DOTPROD,
+                                     kernels.GEMM_S8S8S32_4X4X16_NEON,
+                                     kernels.GEMM_S8S8S32_1X4X16_NEON]), direct
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     conv = W(segment=48, segments=3, segment_stride=544, row_stride=16)  # 3x3, C = 16
     assert (conv.k, conv.stride, conv.extent(4)) == (144, 16, 3 * 16 + 2 * 544 + 48)
@@ -387,6 +393,26 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
 ])
 def test_select_picks_the_best_kernel_the_target_has(level, a, b, want):
     assert kernels.select(level, a, b).name == want
+    for rows in (2, 3, 4, 49):  # only a GEMM of one row takes a one-row kernel
+        assert kernels.select(level, a, b, rows=rows).name == want
+
+
+@pytest.mark.parametrize("level, a, want", [
+    ("neon", "int8", kernels.GEMM_S8S8S32_1X4X16_NEON),
+    ("neon", "uint8", kernels.GEMM_U8U8S32_1X4X16_NEON),
+    ("dotprod", "int8", kernels.GEMM_S8S8S32_1X4X4_DOTPROD),
+    ("dotprod", "uint8", kernels.GEMM_U8U8S32_1X4X4_DOTPROD),
+    # i8mm: sdot's one row beats smmla's 2-row block, half of which would be padding
+    ("i8mm", "int8", kernels.GEMM_S8S8S32_1X4X4_DOTPROD),
+    ("i8mm", "uint8", kernels.GEMM_U8U8S32_1X4X4_DOTPROD),
+])
+def test_select_gives_a_gemm_of_one_row_the_one_row_kernel(level, a, want):
+    kernel = kernels.select(level, a, a, rows=1)
+    assert kernel.name == want and kernel.mr == 1 and kernels.is_one_row(kernel)
+    # no one-row kernel for the pair: the multi-row one, whatever the rows
+    assert kernels.select(level, "uint8", "int8", rows=1) == kernels.select(level, "uint8",
+                                                                            "int8")
+    assert kernels.select({"kind": "c"}, a, a, rows=1).isa == "ref"
 
 
 def test_bf16_feature_without_explicit_mattr():

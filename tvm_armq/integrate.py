@@ -377,8 +377,6 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
     from tvm_armq.schedules import conv2d_gemm as cg
 
     dtype = layer.out_dtype
-    kernel = kernels.select(target, dtype, dtype)
-    tile = (kernel.mr, kernel.nr, kernel.kr)
     in_shape = _shape(layer.x)
     if layer.op == "dense":
         rows, k = in_shape
@@ -390,6 +388,9 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                                **_conv_window(layer))
         w_hwio = layer.weight
+    # one lookup in the selection table; a GEMM of one row takes a one-row kernel
+    kernel = kernels.select(target, dtype, dtype, rows=shape.gemm_m)
+    tile = (kernel.mr, kernel.nr, kernel.kr)
     mult, shift = _requant(layer)
     # the func may count on the layer's shifts: none above the largest (scales below 1
     # make it <= -1, and the epilogue leaves out the left shift and half the rounding fixup)
