@@ -628,6 +628,16 @@ EPILOGUE_CHANNEL_REGISTERS = 4
 EPILOGUE_FIXED_REGISTERS = 4
 
 
+# K blocks from which a by-element (sdot) GEMM's epilogue may spill: over a long K loop
+# the spill is paid once per macro tile, and the wider tile's loads and stores win.
+# Measured at dotprod (corrected, packed A, 4 x 8 -> 4 x 16 output tiles, M = 49):
+# v2.b14-16.expand (K = 160, 40 blocks) 0.928 -> 1.026, v1.pw13 (K = 1024) 0.974 ->
+# 0.996; at K = 16 and 32 (v2.b1.expand, v2.b4-6.expand) the narrow tile wins, 1.083 vs
+# 1.005 and 1.037 vs 1.028. (smmla's wider tiles lose at every K: 2 x 8 against 2 x 4 on
+# v1.pw3, K = 128, 1.664 vs 1.706.)
+LONG_K_BLOCKS = 32
+
+
 def _registers(kernel, m_tiles: int, n_tiles: int) -> tuple[int, int]:
     """NEON registers the K loop of an m_tiles x n_tiles macro tile keeps live, as
     (accumulators, operands): one K step's A and B blocks are the operands (a 128-bit
@@ -686,10 +696,15 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
     and ties at K = 512); the most multiply-accumulate instructions per load in a K step
     (loads stop mattering once there are fewer loads than MAC instructions); the widest
     power-of-two output row up to ``STORE_CHANNELS`` (whole stores); the fewest live
-    epilogue registers. K is unrolled by 2 when the K blocks allow. The scalar
+    epilogue registers. (A by-element kernel's epilogue may spill from ``LONG_K_BLOCKS``
+    K blocks.) K is unrolled by 2 when the K blocks allow. The scalar
     reference kernel gets 1 x 1 tiles. A direct-read GEMM (``reads_input_directly``) runs
-    one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``_direct_n_tiles``.
+    one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``_direct_n_tiles``. A
+    kernel tensorized over the whole K loop (``kernels.has_k_loop``, more than one K
+    block) gets one micro-tile per macro tile.
     """
+    from tvm_armq.intrinsics import kernels
+
     mb = _ceil_div(shape.gemm_m, kernel.mr)
     nb = _ceil_div(shape.gemm_n, kernel.nr)
     kb = shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr
@@ -697,6 +712,14 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
         return GemmKnobs(parallel=parallel)
     if reads_input_directly(shape, kernel):
         return GemmKnobs(n_tiles=_direct_n_tiles(nb, kernel), parallel=parallel)
+    if kernels.has_k_loop(kernel) and kb > 1:
+        # Tensorized over the whole K loop: one micro-tile per macro tile. A short K loop is
+        # unrolled into the tile, and LLVM then interleaves the K loops of a macro tile's
+        # micro-tiles, whose mr * nr partial sums each no longer fit the registers
+        # together; a long one gains nothing from more tiles. Measured at neon (corrected,
+        # 1 x 2 -> 1 x 1 tiles): v1.pw1 (K = 32) 0.957 -> 1.142, v2.b2-3.expand (K = 24)
+        # 0.810 -> 0.955, v1.pw12 (K = 512) 0.974 -> 0.973.
+        return GemmKnobs(parallel=parallel)
     # MAC instructions of one micro-tile's K step: one per row of C for the by-element
     # dot product, one per (row, column) pair for the widening / by-vector kernels
     # (two for widening: smull and smull2), one for a matrix instruction.
@@ -717,8 +740,9 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
             whole_vectors = width % EPILOGUE_LANES == 0
             epilogue = _epilogue_registers(kernel, mt, nt)
             store = min(width & -width, STORE_CHANNELS)  # largest power of two dividing it
-            score = (whole_vectors, epilogue <= NEON_REGISTERS, macs / max(macs, loads),
-                     store, -epilogue)
+            fits = epilogue <= NEON_REGISTERS or (kernel.form == "by_element"
+                                                  and kb >= LONG_K_BLOCKS)
+            score = (whole_vectors, fits, macs / max(macs, loads), store, -epilogue)
             if best_score is None or score > best_score:
                 best, best_score = (mt, nt), score
     return GemmKnobs(m_tiles=best[0], n_tiles=best[1], k_unroll=2 if kb % 2 == 0 else 1,

@@ -35,11 +35,12 @@ every hot block holding such words with the words decoded back to their mnemonic
 (``inner_loop_peak.decode_line``) and run through the same llvm-mca core model: cycles +
 sum over those blocks of executions x (decoded - raw cycles per execution). It is the
 figure to compare at dotprod and i8mm (a lower bound of the true cost on both sides, as
-only the ``--top`` hottest blocks are re-priced). It also prices a hot loop that qemu cut
-in two at a 4 KiB page boundary as the one block it is (``reprice.page_splits``): priced
-apart, the halves of such a loop cost up to half as much again (MobileNetV1's 14x14
-depthwise loop: 67 cycles apart, 42 whole), on whichever side the code happens to land
-across a boundary. That applies at every level, neon included.
+only the ``--top`` hottest blocks are re-priced). It also prices straight-line code that
+qemu cut into several blocks (at a 4 KiB page boundary, or where its translation block
+was full) as the one block it is (``reprice.split_chains``): priced apart, the pieces of
+such a loop cost up to half as much again (MobileNetV1's 14x14 depthwise loop: 67 cycles
+apart, 42 whole), on whichever side the code happens to be cut. That applies at every
+level, neon included.
 
 Before measuring, every layer is checked once on the host: the model holds the expected
 op and shapes, the NumPy reference (``schedules.reference``) computed from the parameters
@@ -460,7 +461,7 @@ def unpriced_fraction(result: dict) -> float:
 
 
 def corrected_cycles(result: dict) -> float:
-    """``cycles_per_run`` with the hot blocks' ``.byte`` words priced and page-split blocks
+    """``cycles_per_run`` with the hot blocks' ``.byte`` words priced and blocks qemu split
     priced whole (``reprice.reprice``; see the module docstring)."""
     from reprice import reprice
 

@@ -7,9 +7,11 @@ and price their hot blocks on the level's llvm-mca core model. Prints a table of
 estimated cycles per inference and the ratios tflite/tvm (above 1: TVM is faster), and
 with ``--png`` draws them as a bar chart (needs matplotlib: ``pip install -e .[bench]``).
 
-Two figures per build: armperf's own, and the same with sdot / smmla priced (armperf's
-disassembler leaves them as ``.byte`` words that llvm-mca prices at zero, on both sides;
-``reprice.py``). The corrected ratio is the one to quote.
+Two figures per build: armperf's own, and the corrected one (``reprice.py``), on both
+sides: sdot / smmla priced (armperf's disassembler leaves them as ``.byte`` words that
+llvm-mca prices at zero) and straight-line code that qemu cut into several blocks (at a
+page boundary, or where a translation block was full) priced as the one block it is. The
+corrected ratio is the one to quote.
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
                                    [--no-stock] [--json out.json] [--png out.png]

@@ -14,24 +14,25 @@ llvm-mca on the same core model and flags, and returns the corrected cycles per 
 Blocks without such words keep armperf's price, and the part armperf did not list (the
 cold tail) keeps its share unchanged.
 
-Page splits. qemu ends a translation block where a guest page ends, so a loop whose body
-straddles a 4 KiB boundary is counted as two blocks, and llvm-mca prices each on its own,
-as if it were a loop of its own: every value the first half hands the second then looks
-like a dependency carried from the previous iteration of the same half, and the
-scheduler cannot overlap the two halves. On the depthwise loop of MobileNetV1's 14x14
-layers (77 instructions, cut 40 + 37 at a page boundary) that is 21 + 46 = 67 cycles
-against 42 for the loop priced whole. Where the code lands is chance (the same source
-moved across a boundary between two builds), and it is chance for TFLite's kernels too;
-the core runs the loop the same either way. So ``reprice`` also finds such pairs among
-the hot blocks (``page_splits``: a block that ends exactly at a page boundary on an
-instruction that is not a branch, and the hot block that starts there) and prices the
-executions that run through both as one block:
+Split blocks. qemu ends a translation block where a guest page ends, and when the block
+has grown to as many guest instructions as its code buffer takes (about a hundred NEON
+instructions), so straight-line code is counted as several blocks: a loop whose body
+straddles a 4 KiB boundary, a fully unrolled GEMM tile of several hundred instructions.
+llvm-mca prices each piece on its own, as if it were a loop of its own: every value one
+piece hands the next then looks like a dependency carried from the previous iteration of
+the same piece, and the scheduler cannot overlap the pieces. On the depthwise loop of
+MobileNetV1's 14x14 layers (77 instructions, cut 40 + 37 at a page boundary) that is
+21 + 46 = 67 cycles against 42 for the loop priced whole. Where code lands and how long
+its straight runs are is the same on the core whichever way qemu cuts it, and it happens
+to TFLite's kernels too. So ``reprice`` also finds such chains among the hot blocks
+(``split_chains``: a block that ends on an instruction that is not a branch, where another
+hot block starts) and prices the executions that run through a whole chain as one block:
 
-    + executions of the first half x (cycles of both halves as one block
-                                      - cycles of the first - cycles of the second)
+    + executions through the chain x (cycles of the chain as one block
+                                      - the sum of its pieces' cycles)
 
-The second half's other executions (entered at the boundary from elsewhere) keep its
-own price.
+The other executions of a piece (entered in the middle of a chain from elsewhere) keep
+its own price.
 """
 
 from __future__ import annotations
@@ -58,33 +59,42 @@ def _priceable(line: str) -> str:
     return f"mov {m.group(1)}, #0" if m else line
 
 
-PAGE = 4096  # bytes: qemu's translation blocks end where a guest page ends
-
-
 def _start(block: dict) -> tuple[str, int]:
     """(library, offset) where a hot block starts (armperf's ``where``: "lib.so+0x1f60")."""
     lib, offset = block["where"].rsplit("+", 1)
     return lib, int(offset, 16)
 
 
-def page_splits(hot: list[dict]) -> list[tuple[dict, dict]]:
-    """Pairs (first, second) of hot blocks that are one straight run of code cut by a page
-    boundary: ``first`` ends exactly at a page boundary on an instruction that is not a
-    branch (4 bytes per aarch64 instruction), and ``second`` starts there."""
+def split_chains(hot: list[dict]) -> list[list[dict]]:
+    """Runs of hot blocks that are one straight run of code cut by qemu: each block but
+    the last ends on an instruction that is not a branch (4 bytes per aarch64
+    instruction), exactly where the next one starts. A block two others run into (a
+    loop's back edge and its entry) is in both chains."""
     by_start = {_start(b): b for b in hot if "+" in b.get("where", "")}
-    pairs = []
-    for block in by_start.values():
+
+    def successor(block):
         lib, start = _start(block)
-        end = start + 4 * len(block["code"])
         last = block["code"][-1].strip() if block["code"] else ""
-        if end % PAGE == 0 and not _BRANCH.match(last) and (lib, end) in by_start:
-            pairs.append((block, by_start[(lib, end)]))
-    return pairs
+        if _BRANCH.match(last):
+            return None
+        return by_start.get((lib, start + 4 * len(block["code"])))
+
+    followed = {id(s) for s in map(successor, by_start.values()) if s is not None}
+    chains = []
+    for block in by_start.values():
+        if id(block) in followed:
+            continue  # chains start at a piece nothing falls into
+        chain = [block]
+        while (nxt := successor(chain[-1])) is not None and nxt not in chain:
+            chain.append(nxt)
+        if len(chain) > 1:
+            chains.append(chain)
+    return chains
 
 
 def reprice(side: dict, level: str) -> float:
     """Corrected estimated cycles per run of one side of an armperf result: the hot blocks'
-    ``.byte`` words decoded and priced, and page-split blocks priced whole."""
+    ``.byte`` words decoded and priced, and blocks qemu split priced whole."""
     core = CORE[level]
 
     def code(block):
@@ -97,12 +107,13 @@ def reprice(side: dict, level: str) -> float:
         if code(block) != block["code"]:
             cycles = mca_cycles(code(block), core) * block["execs"]
         after += cycles
-    # several blocks may run into the same second half (a loop's back edge, its entry)
-    left = {id(second): second["execs"] for _, second in page_splits(side["hot"])}
-    for first, second in page_splits(side["hot"]):
-        through = min(first["execs"], left[id(second)])
-        left[id(second)] -= through
-        whole = mca_cycles(code(first) + code(second), core)
-        apart = mca_cycles(code(first), core) + mca_cycles(code(second), core)
+    # a piece several chains run through (a loop's entry and back edge) is shared out
+    left = {id(b): b["execs"] for chain in split_chains(side["hot"]) for b in chain}
+    for chain in split_chains(side["hot"]):
+        through = min(left[id(b)] for b in chain)
+        for b in chain:
+            left[id(b)] -= through
+        whole = mca_cycles([line for b in chain for line in code(b)], core)
+        apart = sum(mca_cycles(code(b), core) for b in chain)
         after += through * (whole - apart)
     return side["cycles_per_run"] - before + after
