@@ -340,6 +340,17 @@ def _block_func(kernel: Kernel, name: str, body):
     return ib.get()
 
 
+def _bind_iters(T, spatial, reduce) -> tuple[list, list]:
+    """In a desc's block: iters bound to the loop variables of ``spatial`` ((var, extent)
+    pairs) and ``reduce`` (vars), in that order, returned as (spatial iters, reduce iters).
+    A spatial loop of extent 1 (one row, one micro-tile) gets the constant 0 and no iter:
+    blockize drops such an iter from the GEMM's block, so the pattern must not bind one."""
+    kept = [var for var, extent in spatial if extent > 1]
+    bound = iter(T.axis.remap("S" * len(kept) + "R" * len(reduce), kept + list(reduce)))
+    return ([next(bound) if extent > 1 else 0 for _, extent in spatial],
+            [next(bound) for _ in reduce])
+
+
 def desc(kernel: Kernel):
     """The scalar reference of ``kernel`` as a PrimFunc (the TensorIntrin desc):
     C[i, j] += acc(A[i, k]) * acc(B[j, k]) over i < mr, j < nr, k < kr."""
@@ -351,11 +362,7 @@ def desc(kernel: Kernel):
     def body(A, B, C):
         with T.grid(mr, nr, kr) as (i, j, k):
             with T.sblock("update"):
-                # one row: the GEMM's row loop has extent 1 and blockize drops its iter
-                spatial = ([i] if mr > 1 else []) + [j]
-                bound = iter(T.axis.remap("S" * len(spatial) + "R", spatial + [k]))
-                vi = next(bound) if mr > 1 else 0
-                vj, vk = next(bound), next(bound)
+                (vi, vj), (vk,) = _bind_iters(T, [(i, mr), (j, nr)], [k])
                 T.reads(C[vi, vj], A[vi, vk], B[vj, vk])
                 T.writes(C[vi, vj])
                 product = T.Cast(c_dt, A[vi, vk]) * T.Cast(c_dt, B[vj, vk])
@@ -455,11 +462,7 @@ def desc_k_loop(kernel: Kernel, k_blocks: int):
     def body(A, B, C):
         with T.grid(k_blocks, mr, nr, kr) as (kb, i, j, k):
             with T.sblock("update"):  # block iters in the GEMM block's order
-                # one row: the GEMM's row loop has extent 1 and blockize drops its iter
-                spatial = ([i] if mr > 1 else []) + [j]
-                bound = iter(T.axis.remap("S" * len(spatial) + "RR", spatial + [kb, k]))
-                vi = next(bound) if mr > 1 else 0
-                vj, vb, vk = next(bound), next(bound), next(bound)
+                (vi, vj), (vb, vk) = _bind_iters(T, [(i, mr), (j, nr)], [kb, k])
                 T.reads(C[vi, vj], A[vb, vi, vk], B[vb, vj, vk])
                 T.writes(C[vi, vj])
                 product = T.Cast(c_dt, A[vb, vi, vk]) * T.Cast(c_dt, B[vb, vj, vk])
@@ -611,17 +614,9 @@ def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
             t, rest = loops[0], loops[1:]
             seg, (kb, i, j, kk) = (rest[0], rest[1:]) if segmented else (None, rest)
             with T.sblock("update"):
-                # One micro-tile (or one row): the GEMM's loop has extent 1 and blockize
-                # drops its block iter, so the pattern keeps the loop and binds no iter to it.
-                units = (n_tiles == 1, mr == 1)
-                spatial = [v for v, unit in zip((t, i), units) if not unit] + [j]
-                reduce = ([seg] if segmented else []) + [kb, kk]
-                bound = iter(T.axis.remap("S" * len(spatial) + "R" * len(reduce),
-                                          spatial + reduce))
-                vt, vi = (0 if unit else next(bound) for unit in units)
-                vj = next(bound)
-                vs = next(bound) if segmented else 0
-                vb, vk = next(bound), next(bound)
+                (vt, vi, vj), reduced = _bind_iters(
+                    T, [(t, n_tiles), (i, mr), (j, nr)], ([seg] if segmented else []) + [kb, kk])
+                vs, vb, vk = reduced if segmented else (0, *reduced)
                 a_at = vi * window.stride + vs * window.segment_stride + vb * kr + vk
                 b_at = (vt, vs * blocks + vb, vj, vk)
                 T.reads(C[vt, vi, vj], A[a_at], B[b_at])

@@ -49,9 +49,9 @@ from inner_loop_peak import _BRANCH, decode_line, mca_cycles  # noqa: E402
 CORE = {"neon": "cortex-a72", "dotprod": "neoverse-n1", "i8mm": "neoverse-n2"}
 
 
-# qemu prints adrp with an absolute page address, which llvm-mca cannot assemble; a mov of
-# an immediate is the same single ALU operation for the scheduling model.
-_ADRP = re.compile(r"^\s*adrp\s+(x\d+),\s*#?-?0x[0-9a-f]+\s*$", re.I)
+# qemu prints adr / adrp with an absolute address, which llvm-mca cannot assemble; a mov
+# of an immediate is the same single ALU operation for the scheduling model.
+_ADRP = re.compile(r"^\s*adrp?\s+(x\d+),\s*#?-?0x[0-9a-f]+\s*$", re.I)
 
 
 def _priceable(line: str) -> str:
@@ -104,7 +104,7 @@ def reprice(side: dict, level: str) -> float:
     for block in side["hot"]:  # cycles and execs are per run already
         cycles = block["cycles"]
         before += cycles
-        if code(block) != block["code"]:
+        if any(decode_line(line) != line for line in block["code"]):
             cycles = mca_cycles(code(block), core) * block["execs"]
         after += cycles
     # a piece several chains run through (a loop's entry and back edge) is shared out
@@ -113,7 +113,10 @@ def reprice(side: dict, level: str) -> float:
         through = min(left[id(b)] for b in chain)
         for b in chain:
             left[id(b)] -= through
-        whole = mca_cycles([line for b in chain for line in code(b)], core)
-        apart = sum(mca_cycles(code(b), core) for b in chain)
+        try:
+            whole = mca_cycles([line for b in chain for line in code(b)], core)
+            apart = sum(mca_cycles(code(b), core) for b in chain)
+        except RuntimeError:  # a line llvm-mca cannot assemble: the pieces keep their prices
+            continue
         after += through * (whole - apart)
     return side["cycles_per_run"] - before + after

@@ -302,6 +302,26 @@ def test_default_knobs_are_honoured_and_fit_the_registers():
     assert cg.default_knobs(CASES[0].shape, REFERENCE) == cg.GemmKnobs()
 
 
+def test_default_knobs_follow_the_measured_rules():
+    """neon's whole-K kernel: one micro-tile per macro tile once K spans two blocks (short
+    K loops are unrolled, and several tiles' partial sums spill); sdot by element on a
+    packed layer (M = 49: no direct read) takes the 16-channel row from LONG_K_BLOCKS K
+    blocks, the 8-channel one below; one-row GEMMs fill ONE_ROW_CHANNELS."""
+    neon = kernels.select(build.resolve_target("neon"), "int8", "int8")
+    dot = kernels.select(build.resolve_target("dotprod"), "int8", "int8")
+    for k in (24, 32, 512):
+        knobs = cg.default_knobs(S(1, 7, 7, k, 1024, 1, 1), neon)
+        assert (knobs.m_tiles, knobs.n_tiles) == (1, 1), (k, knobs)
+    long_k = S(1, 7, 7, 4 * cg.LONG_K_BLOCKS, 960, 1, 1)
+    short_k = dataclasses.replace(long_k, in_c=4 * cg.LONG_K_BLOCKS - 4)
+    assert not cg.reads_input_directly(long_k, dot)
+    assert cg.default_knobs(long_k, dot).n_tiles * dot.nr == cg.STORE_CHANNELS
+    assert cg.default_knobs(short_k, dot).n_tiles * dot.nr < cg.STORE_CHANNELS
+    one_row = kernels.select(build.resolve_target("dotprod"), "int8", "int8", rows=1)
+    logits = S.dense(1, 1024, 1000)
+    assert cg.default_knobs(logits, one_row).n_tiles * one_row.nr == cg.ONE_ROW_CHANNELS
+
+
 # Pointwise layers whose GEMM reads the input in place at dotprod (built with direct=True
 # whatever K, so small K exercises the intrinsic too): K in whole 16-byte row loads (16,
 # 48, 144, 512) and with a tail of 1-3 K steps (40, 28, 72), N remainders, several
