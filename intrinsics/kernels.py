@@ -63,6 +63,8 @@ GEMM_S8U8S32_1X1X1_REF = "gemm_s8u8s32_1x1x1_ref"
 GEMM_BF16BF16F32_1X1X1_REF = "gemm_bf16bf16f32_1x1x1_ref"
 GEMM_S8S8S32_4X4X16_NEON = "gemm_s8s8s32_4x4x16_neon"
 GEMM_U8U8S32_4X4X16_NEON = "gemm_u8u8s32_4x4x16_neon"
+GEMM_S8S8S32_4X4X8_NEON = "gemm_s8s8s32_4x4x8_neon"
+GEMM_U8U8S32_4X4X8_NEON = "gemm_u8u8s32_4x4x8_neon"
 GEMM_S8S8S32_1X4X16_NEON = "gemm_s8s8s32_1x4x16_neon"
 GEMM_U8U8S32_1X4X16_NEON = "gemm_u8u8s32_1x4x16_neon"
 GEMM_S8S8S32_4X4X16_DOTPROD = "gemm_s8s8s32_4x4x16_dotprod"
@@ -153,6 +155,16 @@ TABLE: tuple[Kernel, ...] = (
     _ref("uint8", "int8", "int32", GEMM_U8S8S32_1X1X1_REF),
     _ref("int8", "uint8", "int32", GEMM_S8U8S32_1X1X1_REF),
     _ref("bfloat16", "bfloat16", "float32", GEMM_BF16BF16F32_1X1X1_REF),
+    # Armv8.0 widening kernels over 8 bytes of K, below the 16-byte ones so that the walk
+    # meets those first: for a GEMM whose K is 1-8 past a multiple of 16 (``select`` with
+    # depth: K = 24 is three blocks of 8, against two of 16, 32 with 8 bytes of padding)
+    # (its block form widens one product per (i, j): saddlp; the whole-K form sadalp)
+    Kernel(GEMM_S8S8S32_4X4X8_NEON, 4, 4, 8, "int8", "int8", "int32", "neon",
+           ("has_asimd",), ("smull", "saddlp", "addp"), "widening", "neon",
+           "8 bytes of K: smull + saddlp/sadalp + addp (Armv8.0)"),
+    Kernel(GEMM_U8U8S32_4X4X8_NEON, 4, 4, 8, "uint8", "uint8", "int32", "neon",
+           ("has_asimd",), ("umull", "uaddlp", "addp"), "widening", "neon",
+           "8 bytes of K: umull + uaddlp/uadalp + addp (Armv8.0)"),
     # Armv8.0: widening multiply, pairwise accumulate long, pairwise add (neon.py). The
     # block form multiplies the halves of a 16-byte row with smull/smull2; the whole-K
     # form (impl_k_loop) uses smull on 8-byte halves, so smull2 is not listed.
@@ -292,7 +304,8 @@ def is_one_row(kernel: Kernel) -> bool:
     return kernel.mr == 1 and kernel.intrin is not None
 
 
-def select(target, a_dtype, b_dtype, rows: int | None = None) -> Kernel:
+def select(target, a_dtype, b_dtype, rows: int | None = None,
+           depth: int | None = None) -> Kernel:
     """The best kernel in ``TABLE`` for ``a_dtype`` x ``b_dtype`` whose features ``target``
     has (the scalar reference when no instruction fits).
 
@@ -301,7 +314,12 @@ def select(target, a_dtype, b_dtype, rows: int | None = None) -> Kernel:
     (``is_one_row``), ranked above every multi-row kernel, whose rows after the first
     would only multiply padding (3 of 4 rows at neon and dotprod, 1 of 2 with smmla).
     Any other GEMM never takes a one-row kernel: it would reload each block of B once
-    per row of A instead of once per mr rows."""
+    per row of A instead of once per mr rows.
+
+    ``depth`` is the GEMM's K where known. Among the chosen kernel's twins over fewer
+    bytes of K (the same instruction and rows, a smaller kr: neon's 4x4x8) a GEMM of
+    known depth takes the one that pads K the least, the larger kr on a tie: K = 24 is
+    three blocks of 8 rather than two of 16 with a third of them padding."""
     target = as_target(target)
     a, b = _dtype(a_dtype), _dtype(b_dtype)
     fits = [k for k in reversed(TABLE)
@@ -312,7 +330,21 @@ def select(target, a_dtype, b_dtype, rows: int | None = None) -> Kernel:
     one_row = [k for k in fits if is_one_row(k)]
     if rows == 1 and one_row:
         return one_row[0]
-    return next(k for k in fits if not is_one_row(k))
+    best = next(k for k in fits if not is_one_row(k))
+    if depth is None or best.intrin is None:
+        return best
+    twins = [k for k in fits if _same_but_kr(k, best)]
+    return min(twins, key=lambda k: (-(-depth // k.kr) * k.kr, -k.kr))
+
+
+def _same_but_kr(a: Kernel, b: Kernel) -> bool:
+    """Whether two kernels are one instruction sequence over different bytes of K: they
+    differ only in kr (and so in name, summary and the mnemonics a block shows)."""
+    def rest(k):
+        return {f: v for f, v in dataclasses.asdict(k).items()
+                if f not in ("name", "kr", "summary", "instructions")}
+
+    return rest(a) == rest(b)
 
 
 # ------------------------------------------------------------- desc / impl

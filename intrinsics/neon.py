@@ -52,6 +52,9 @@ _LANES = 4  # int32 lanes of the accumulator
 # Rows of A a block has: four, or one (the one-row kernels, which select gives to GEMMs of
 # one row; every sequence below is per row of A, so it is the same code with mr = 1)
 ROWS = (1, _LANES)
+# Bytes of K a block has: 16 (two 8-byte halves: smull and smull2), or 8 (one half: for
+# GEMMs whose K is 1-8 past a multiple of 16, which kernels.select picks by the depth)
+DEPTHS = (_HALF, 2 * _HALF)
 
 
 def _widening_setup(kernel: Kernel):
@@ -61,7 +64,7 @@ def _widening_setup(kernel: Kernel):
         raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
     if kernel.a_dtype != kernel.b_dtype:
         raise ValueError(f"{kernel.name}: smull/umull need operands of one signedness")
-    kernels.check_shape(kernel, ROWS, _LANES, 2 * _HALF)
+    kernels.check_shape(kernel, ROWS, _LANES, kernel.kr if kernel.kr in DEPTHS else 2 * _HALF)
     mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
     return (mull, addlp, prod_dtype, kernel.mr, kernel.nr, kernel.kr,
             f"{kernel.a_dtype}x{_HALF}", f"int32x{_LANES}")
@@ -76,7 +79,7 @@ def impl(kernel: Kernel):
 
     def halves(buf, r):
         v = T.bind(buf.vload([r, 0], f"{kernel.a_dtype}x{kr}"))
-        return tirx.vectorlow(half, v), tirx.vectorhigh(half, v)
+        return [v] if kr == _HALF else [tirx.vectorlow(half, v), tirx.vectorhigh(half, v)]
 
     def emit(A, B, C):
         a_rows = [halves(A, i) for i in range(mr)]
@@ -84,13 +87,13 @@ def impl(kernel: Kernel):
         for i in range(mr):
             s = []
             for j in range(nr):
-                lo = tirx.call_llvm_pure_intrin(f"{prod_dtype}x{_HALF}", mull,
-                                                a_rows[i][0], b_rows[j][0])
-                hi = tirx.call_llvm_pure_intrin(f"{prod_dtype}x{_HALF}", mull,
-                                                a_rows[i][1], b_rows[j][1])
                 # addlp(lo) + addlp(hi): LLVM folds the add into the accumulating sadalp
-                s.append(tirx.call_llvm_pure_intrin(acc, addlp, lo)
-                         + tirx.call_llvm_pure_intrin(acc, addlp, hi))
+                products = [tirx.call_llvm_pure_intrin(f"{prod_dtype}x{_HALF}", mull, a, b)
+                            for a, b in zip(a_rows[i], b_rows[j])]
+                total = tirx.call_llvm_pure_intrin(acc, addlp, products[0])
+                for p in products[1:]:
+                    total = total + tirx.call_llvm_pure_intrin(acc, addlp, p)
+                s.append(total)
             pairs = [tirx.call_llvm_pure_intrin(acc, ADDP, s[j], s[j + 1])
                      for j in range(0, nr, 2)]
             row = tirx.call_llvm_pure_intrin(acc, ADDP, *pairs)
@@ -137,7 +140,7 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
         # add that to S: three instructions instead of two. The half loop is unrolled only
         # after that pass has run.
         with T.serial(k_blocks) as kb:
-            with T.serial(2) as h:
+            with T.serial(kr // _HALF) as h:
                 a_half = [T.bind(A.vload([kb, i, h * _HALF], half)) for i in range(mr)]
                 b_half = [T.bind(B.vload([kb, j, h * _HALF], half)) for j in range(nr)]
                 for i in range(mr):
@@ -205,7 +208,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
         def run(r):
             # one loop step per 8-byte half, as in impl_k_loop (one smull + one sadalp each)
             with T.serial(blocks) as kb:
-                with T.serial(2) as h:
+                with T.serial(kr // _HALF) as h:
                     offset = r * window.segment_stride + kb * kr + h * _HALF
                     a_half = [T.bind(A.vload([i * window.stride + offset], half))
                               for i in range(mr)]

@@ -319,7 +319,7 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
         _, kh, kw, _ = q.weight.shape
         shape = cg.Conv2DShape(1, h, w, c, q.weight.shape[0], kh, kw, strides=q.strides,
                                dilation=q.dilation, padding=q.padding, groups=q.groups)
-    micro = kernels.select(target, "int8", "int8", rows=shape.gemm_m)
+    micro = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
     tile = (micro.mr, micro.nr, micro.kr)
     mult, shift = _requant_params(q)
     # built as the compiler builds it (tvm_armq.integrate): with the kernel record (a

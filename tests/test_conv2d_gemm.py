@@ -489,6 +489,48 @@ def test_one_row_gemm_on_device(run_funcs, level, tmp_path, report):
            f"{len(ONE_ROW_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
 
 
+# neon GEMMs whose K is 1-8 past a multiple of 16 take the 8-byte kernel (kernels.select
+# with the depth): packed (K = 24, K = 40 with M and N remainders), one K block (K = 8),
+# read in place (pointwise K = 72, a 3x3 conv over 8 channels: runs of 24 bytes).
+DEPTH_CASES = [
+    Case("k24_pointwise", S(1, 4, 6, 24, 20, 1, 1), in_zp=-128, out_zp=5),
+    Case("k40_dense_rem", S.dense(6, 40, 13), in_zp=33, out_zp=-2),
+    Case("k8_one_block", S(1, 3, 4, 8, 8, 1, 1), in_zp=-7, out_zp=0),
+    Case("k72_direct", S(1, 2, 4, 72, 12, 1, 1), in_zp=90, out_zp=-30, act_range=(-100, 127)),
+    Case("3x3_c8_direct", S(1, 6, 8, 8, 12, 3, 3, padding=(1, 1, 1, 1)), in_zp=-1, out_zp=4),
+]
+DEPTH_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
+
+
+def test_neon_8_byte_kernel_on_device(run_funcs, tmp_path, report):
+    """neon's 4x4x8 smull/sadalp kernel, which select gives GEMMs whose K is 1-8 past a
+    multiple of 16: block, whole-K and direct-read forms, bit-exact."""
+    target = build.resolve_target("neon")
+    funcs, direct = {}, []
+    for c in DEPTH_CASES:
+        kernel = kernels.select(target, "int8", "int8", rows=c.shape.gemm_m,
+                                depth=c.shape.gemm_k)
+        assert kernel.name == kernels.GEMM_S8S8S32_4X4X8_NEON, (c.name, kernel.name)
+        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
+                                out_zp=c.out_zp, act_range=c.act_range)
+        if cg.reads_input_directly(c.shape, kernel):
+            direct.append(c.name)
+        for tag, knobs in DEPTH_KNOBS.items():
+            knobs = knobs or cg.default_knobs(c.shape, kernel)
+            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+    assert direct == ["k72_direct", "3x3_c8_direct"], direct
+    data = [_case_data(c, 500 + i, kernel) for i, c in enumerate(DEPTH_CASES)]
+    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
+             for c, (args, _) in zip(DEPTH_CASES, data) for tag in DEPTH_KNOBS]
+    asm, outs = run_funcs("neon", funcs, calls, tmp_path / "neon_k8.so")
+    assert all(ins in asm for ins in kernel.instructions)
+    expected = [exp for _, exp in data for _ in DEPTH_KNOBS]
+    for (name, *_), out, exp in zip(calls, outs, expected):
+        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=name)
+    report(f"conv2d_gemm {kernel.name:28s} neon     {len(DEPTH_CASES)} cases x "
+           f"{len(DEPTH_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
+
+
 # Layers built for their largest shift (max_shift, as the compiler does: real scales are
 # below 1/2, every shift <= -1): a dense-K 3x3, a row-blocked RGB stem, a pointwise layer
 # (direct read at dotprod) and one whose scales include 1/2..1 (shift 0: max_shift 0).

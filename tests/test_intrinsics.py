@@ -356,6 +356,7 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     assert sorted(direct) == sorted([kernels.GEMM_S8S8S32_4X4X4_DOTPROD,
                                      kernels.GEMM_S8S8S32_1X4X4_DOTPROD,
                                      kernels.GEMM_S8S8S32_4X4X16_NEON,
+                                     kernels.GEMM_S8S8S32_4X4X8_NEON,
                                      kernels.GEMM_S8S8S32_1X4X16_NEON]), direct
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     conv = W(segment=48, segments=3, segment_stride=544, row_stride=16)  # 3x3, C = 16
@@ -395,6 +396,20 @@ def test_select_picks_the_best_kernel_the_target_has(level, a, b, want):
     assert kernels.select(level, a, b).name == want
     for rows in (2, 3, 4, 49):  # only a GEMM of one row takes a one-row kernel
         assert kernels.select(level, a, b, rows=rows).name == want
+
+
+def test_select_gives_neon_gemms_whose_k_is_8_past_16_the_8_byte_kernel():
+    for a in ("int8", "uint8"):
+        sixteen, eight = (kernels.select("neon", a, a, depth=d) for d in (32, 24))
+        assert (sixteen.kr, eight.kr) == (16, 8) and eight.mr == sixteen.mr == 4
+        for depth, kr in ((8, 8), (16, 16), (40, 8), (48, 16), (72, 8), (27, 16), (1024, 16)):
+            assert kernels.select("neon", a, a, depth=depth).kr == kr, (a, depth)
+        assert kernels.select("neon", a, a).kr == 16  # K unknown: the 16-byte kernel
+        assert kernels.select("neon", a, a, rows=1, depth=24).name == \
+            kernels.select("neon", a, a, rows=1).name  # no one-row 8-byte twin
+    for level in ("dotprod", "i8mm"):  # no twins over fewer bytes of K there
+        assert kernels.select(level, "int8", "int8", depth=24) == \
+            kernels.select(level, "int8", "int8")
 
 
 @pytest.mark.parametrize("level, a, want", [

@@ -388,8 +388,9 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                                **_conv_window(layer))
         w_hwio = layer.weight
-    # one lookup in the selection table; a GEMM of one row takes a one-row kernel
-    kernel = kernels.select(target, dtype, dtype, rows=shape.gemm_m)
+    # one lookup in the selection table (a GEMM of one row takes a one-row kernel, one
+    # whose K is 1-8 past a multiple of 16 neon's 8-byte kernel)
+    kernel = kernels.select(target, dtype, dtype, rows=shape.gemm_m, depth=shape.gemm_k)
     tile = (kernel.mr, kernel.nr, kernel.kr)
     mult, shift = _requant(layer)
     # the func may count on the layer's shifts: none above the largest (scales below 1
