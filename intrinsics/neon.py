@@ -17,6 +17,10 @@ widening adds, the design of TVM's original arm_cpu ``gemm_quantized`` int8 kern
 
 (umull/umull2 + uaddlp/uadalp for uint8 x uint8, accumulated in int32.)
 
+8 bytes of K, 4x4x8 (math: 4 x 8 · 8 x 4 → 4 x 4): the same sequence on one 8-byte half
+per row (smull, saddlp; sadalp over a K loop), for a GEMM whose K is 1-8 past a multiple of
+16 (``kernels.select`` with its depth: K = 24 is three such blocks, not two of 16).
+
 One row, 1x4x16 (math: 1 x 16 · 16 x 4 → 1 x 4): the same sequence with i = 0 only, for a
 GEMM of one row (``kernels.select`` with rows = 1), where the 4-row block would multiply
 three rows of padding. Each B row is then used once: 16 bytes of B per smull/smull2 pair.
