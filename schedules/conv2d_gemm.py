@@ -671,10 +671,10 @@ def _direct_n_tiles(nb: int, kernel) -> int:
     """n_tiles of a direct-read GEMM: its K loop covers n_tiles micro-tiles side by side,
     which share every A row load. The largest divisor of the column blocks whose output
     row is at most ``STORE_CHANNELS`` (``ONE_ROW_CHANNELS`` for a one-row kernel) and
-    whose K loop fits the register file: per
-    micro-tile, mr accumulators for the by-element dot product (one int32x4 row of C
-    each), mr * nr partial sums for the widening kernel; operands, mr A rows and one B
-    block (by element), or mr + nr rows (widening)."""
+    whose K loop fits the register file: per micro-tile, mr accumulators for the
+    by-element dot product (one int32x4 row of C each), mr * nr partial sums for the
+    widening kernel; operands, mr A rows and one B block (by element), or mr + nr rows
+    (widening)."""
     budget = NEON_REGISTERS - SCRATCH_REGISTERS
     per_tile, operands = {"by_element": (kernel.mr, kernel.mr + 1),
                           "widening": (kernel.mr * kernel.nr, kernel.mr + kernel.nr)}[kernel.form]
