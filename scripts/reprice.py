@@ -108,8 +108,9 @@ def reprice(side: dict, level: str) -> float:
             cycles = mca_cycles(code(block), core) * block["execs"]
         after += cycles
     # a piece several chains run through (a loop's entry and back edge) is shared out
-    left = {id(b): b["execs"] for chain in split_chains(side["hot"]) for b in chain}
-    for chain in split_chains(side["hot"]):
+    chains = split_chains(side["hot"])
+    left = {id(b): b["execs"] for chain in chains for b in chain}
+    for chain in chains:
         through = min(left[id(b)] for b in chain)
         for b in chain:
             left[id(b)] -= through
