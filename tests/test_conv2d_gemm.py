@@ -436,6 +436,34 @@ def test_direct_read_only_where_it_applies():
     assert not cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)
 
 
+def _check_selected(run_funcs, level, cases, knobs_by_tag, seed, lib, select):
+    """Build every case with the kernel ``select(case)`` picks for it, scheduled with each of
+    ``knobs_by_tag`` (None: the default knobs), run them in one module (``lib``, a path of
+    its own) and compare each output exactly. Returns (names of the cases read in place, the kernels used)."""
+    target = build.resolve_target(level)
+    funcs, direct, data, used = {}, [], [], []
+    for i, c in enumerate(cases):
+        kernel = select(c)
+        used.append(kernel)
+        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
+                                out_zp=c.out_zp, act_range=c.act_range)
+        if cg.reads_input_directly(c.shape, kernel):
+            direct.append(c.name)
+        for tag, knobs in knobs_by_tag.items():
+            knobs = knobs or cg.default_knobs(c.shape, kernel)
+            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+        data.append(_case_data(c, seed + i, kernel))
+    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
+             for c, (args, _) in zip(cases, data) for tag in knobs_by_tag]
+    asm, outs = run_funcs(level, funcs, calls, lib)
+    for kernel in used:
+        assert all(ins in asm for ins in kernel.instructions), kernel.instructions
+    expected = [exp for _, exp in data for _ in knobs_by_tag]
+    for (name, *_), out, exp in zip(calls, outs, expected):
+        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
+    return direct, used
+
+
 # GEMMs of one row (M = 1: a dense layer on one vector, a conv whose output is one pixel)
 # take the level's one-row kernel (kernels.select with rows = 1). Cases: read in place
 # with whole 16-byte row loads and with a K tail (dotprod: K = 200 is 50 steps of 4), the
@@ -465,26 +493,11 @@ def test_one_row_gemm_on_device(run_funcs, level, tmp_path, report):
     assert kernel.name == {"neon": kernels.GEMM_S8S8S32_1X4X16_NEON}.get(
         level, kernels.GEMM_S8S8S32_1X4X4_DOTPROD)
     assert not kernels.is_one_row(kernels.select(target, "int8", "int8", rows=2))
-    funcs, direct = {}, []
-    for c in ONE_ROW_CASES:
-        assert c.shape.gemm_m == 1
-        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
-                                out_zp=c.out_zp, act_range=c.act_range)
-        if cg.reads_input_directly(c.shape, kernel):
-            direct.append(c.name)
-        for tag, knobs in ONE_ROW_KNOBS.items():
-            knobs = knobs or cg.default_knobs(c.shape, kernel)
-            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+    assert all(c.shape.gemm_m == 1 for c in ONE_ROW_CASES)
+    direct, _ = _check_selected(run_funcs, level, ONE_ROW_CASES, ONE_ROW_KNOBS, 300,
+                                tmp_path / "one_row.so", lambda c: kernel)
     # neon reads in place only where K is whole 16-byte blocks (K = 256, 96, 3x3x16)
     assert len(direct) == (3 if level == "neon" else 4), direct
-    data = [_case_data(c, 300 + i, kernel) for i, c in enumerate(ONE_ROW_CASES)]
-    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
-             for c, (args, _) in zip(ONE_ROW_CASES, data) for tag in ONE_ROW_KNOBS]
-    asm, outs = run_funcs(level, funcs, calls, tmp_path / "one_row.so")
-    assert all(ins in asm for ins in kernel.instructions), kernel.instructions
-    expected = [exp for _, exp in data for _ in ONE_ROW_KNOBS]
-    for (name, *_), out, exp in zip(calls, outs, expected):
-        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=f"{name} at {level}")
     report(f"conv2d_gemm one row {kernel.name:28s} {level:8s} {len(ONE_ROW_CASES)} cases x "
            f"{len(ONE_ROW_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
 
@@ -506,28 +519,16 @@ def test_neon_8_byte_kernel_on_device(run_funcs, tmp_path, report):
     """neon's 4x4x8 smull/sadalp kernel, which select gives GEMMs whose K is 1-8 past a
     multiple of 16: block, whole-K and direct-read forms, bit-exact."""
     target = build.resolve_target("neon")
-    funcs, direct = {}, []
-    for c in DEPTH_CASES:
-        kernel = kernels.select(target, "int8", "int8", rows=c.shape.gemm_m,
-                                depth=c.shape.gemm_k)
-        assert kernel.name == kernels.GEMM_S8S8S32_4X4X8_NEON, (c.name, kernel.name)
-        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
-                                out_zp=c.out_zp, act_range=c.act_range)
-        if cg.reads_input_directly(c.shape, kernel):
-            direct.append(c.name)
-        for tag, knobs in DEPTH_KNOBS.items():
-            knobs = knobs or cg.default_knobs(c.shape, kernel)
-            funcs[f"{c.name}_{tag}"] = cg.schedule_conv2d_gemm(f, kernel, target, knobs)
+
+    def select(c):
+        return kernels.select(target, "int8", "int8", rows=c.shape.gemm_m, depth=c.shape.gemm_k)
+
+    direct, used = _check_selected(run_funcs, "neon", DEPTH_CASES, DEPTH_KNOBS, 500,
+                                   tmp_path / "neon_k8.so", select)
+    names = [k.name for k in used]
+    assert names == [kernels.GEMM_S8S8S32_4X4X8_NEON] * len(DEPTH_CASES), names
     assert direct == ["k72_direct", "3x3_c8_direct"], direct
-    data = [_case_data(c, 500 + i, kernel) for i, c in enumerate(DEPTH_CASES)]
-    calls = [(f"{c.name}_{tag}", args, _out_shape(c.shape), np.int8)
-             for c, (args, _) in zip(DEPTH_CASES, data) for tag in DEPTH_KNOBS]
-    asm, outs = run_funcs("neon", funcs, calls, tmp_path / "neon_k8.so")
-    assert all(ins in asm for ins in kernel.instructions)
-    expected = [exp for _, exp in data for _ in DEPTH_KNOBS]
-    for (name, *_), out, exp in zip(calls, outs, expected):
-        np.testing.assert_array_equal(out.reshape(exp.shape), exp, err_msg=name)
-    report(f"conv2d_gemm {kernel.name:28s} neon     {len(DEPTH_CASES)} cases x "
+    report(f"conv2d_gemm {names[0]:28s} neon     {len(DEPTH_CASES)} cases x "
            f"{len(DEPTH_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
 
 
