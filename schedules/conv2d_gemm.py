@@ -675,10 +675,12 @@ def _direct_n_tiles(nb: int, kernel) -> int:
     by-element dot product (one int32x4 row of C each), mr * nr partial sums for the
     widening kernel; operands, mr A rows and one B block (by element), or mr + nr rows
     (widening)."""
+    from tvm_armq.intrinsics import kernels
+
     budget = NEON_REGISTERS - SCRATCH_REGISTERS
     per_tile, operands = {"by_element": (kernel.mr, kernel.mr + 1),
                           "widening": (kernel.mr * kernel.nr, kernel.mr + kernel.nr)}[kernel.form]
-    row = ONE_ROW_CHANNELS if kernel.mr == 1 else STORE_CHANNELS
+    row = ONE_ROW_CHANNELS if kernels.is_one_row(kernel) else STORE_CHANNELS
     fits = [d for d in range(1, nb + 1) if nb % d == 0 and d * kernel.nr <= row
             and d * per_tile + operands <= budget]
     return max(fits)
