@@ -333,16 +333,26 @@ def select(target, a_dtype, b_dtype, rows: int | None = None,
     best = next(k for k in fits if not is_one_row(k))
     if depth is None or best.intrin is None:
         return best
-    twins = [k for k in fits if _same_but_kr(k, best)]
+    twins = [k for k in fits if _same_but(k, best, "kr")]
     return min(twins, key=lambda k: (-(-depth // k.kr) * k.kr, -k.kr))
 
 
-def _same_but_kr(a: Kernel, b: Kernel) -> bool:
-    """Whether two kernels are one instruction sequence over different bytes of K: they
-    differ only in kr (and so in name, summary and the mnemonics a block shows)."""
+def one_row_twin(kernel: Kernel) -> Kernel | None:
+    """The one-row kernel (``is_one_row``) that is ``kernel``'s instruction sequence on a
+    single row of A, or None: the same dtypes, instruction, nr and kr, so it reads the
+    same packed B. ``schedules.conv2d_gemm`` runs a GEMM's last M % mr rows through it
+    rather than padding them up to a whole micro-tile."""
+    twins = [k for k in TABLE if is_one_row(k) and _same_but(k, kernel, "mr")]
+    return twins[0] if twins and not is_one_row(kernel) else None
+
+
+def _same_but(a: Kernel, b: Kernel, field: str) -> bool:
+    """Whether two kernels are one instruction sequence over a different ``field`` ("kr":
+    other bytes of K, "mr": other rows): they differ only in it (and so in name, summary
+    and the mnemonics a block shows)."""
     def rest(k):
         return {f: v for f, v in dataclasses.asdict(k).items()
-                if f not in ("name", "kr", "summary", "instructions")}
+                if f not in ("name", field, "summary", "instructions")}
 
     return rest(a) == rest(b)
 

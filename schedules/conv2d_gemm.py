@@ -18,6 +18,18 @@ K is padded up to the block with zeros; zeros in the K padding of both operands 
 nothing. M is padded up to the block with copies of the last row of A: the extra rows
 are computed and never stored.
 
+Row tail (``tail_kernel``): where padding M would waste most of a micro-tile (a 7x7
+pointwise layer: M = 49 is 12 tiles of 4 rows and one of 1 row and 3 padding), the last
+M % mr rows are a second GEMM instead, run by the kernel's one-row twin over the same
+B_packed, with its own epilogue writing those rows of the output:
+
+    rows [0, M - M % mr)      A_packed / gemm / output               (the kernel, mr rows)
+    rows [M - M % mr, M)      A_packed_tail / gemm_tail / output_tail  (its one-row twin)
+
+While the func is scheduled the two epilogues write two buffers (``output`` and
+``output_tail``: a block that shares its output buffer cannot be moved into a loop);
+``merge_outputs`` then makes ``output_tail`` a view of the last rows of ``output``.
+
 Few channels (``row_blocked_k``: an ungrouped layer whose input channels are not whole K
 blocks, e.g. an RGB stem with 3 channels): K is laid out one kernel row at a time, each
 row's kw * in_c bytes padded to whole K blocks (a 3x3 stem at kr = 4: 3 rows of 12 bytes,
@@ -183,9 +195,13 @@ def fold_bias(weight_hwio: np.ndarray, bias: np.ndarray, in_zp: int,
     return folded.astype(np.int32)
 
 
-def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None):
+def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None, *,
+                     rows: tuple[int, int] | None = None, name: str = "A_packed"):
     """The ``A_packed`` stage: im2col of NHWC ``data`` fused with packing, as a TE tensor
     A_packed[groups, M/mr, K/kr, mr, kr] (layout in the module docstring).
+
+    ``rows`` = (first, count): only the GEMM's rows [first, first + count) (a row tail's
+    GEMM, or the rows before it), M = count; None: all of them.
 
     ``pad_value`` (a TIR constant of data's dtype) is what a padded input pixel holds;
     ``convert`` (optional) maps every element read, padding included, to the packed dtype
@@ -198,7 +214,8 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
 
     mr, _, kr = mr_nr_kr
     s, G = shape, shape.groups
-    m_total, k_total = s.gemm_m, s.gemm_k
+    first, m_total = rows if rows is not None else (0, s.gemm_m)
+    k_total = s.gemm_k
     mb, kb = _ceil_div(m_total, mr), s.packed_k(kr, data.dtype) // kr
     pt, pl, _, _ = s.padding
     (sh, sw), (dh, dw) = s.strides, s.dilation
@@ -208,6 +225,8 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
     row = s.kernel_row_k(kr, data.dtype)  # K per kernel row if row-blocked, else None
 
     if row is not None and not s.is_pointwise and dw == 1:
+        if rows not in (None, (0, s.gemm_m)):
+            raise ValueError(f"conv2d_gemm: {s}: a row-blocked im2col covers all rows")
         return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt, row, kb)
 
     # With whole channel blocks (cg % kr == 0) and padding, the input is first copied into
@@ -219,7 +238,7 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         padded = bordered_input_te(s, data, pad_value)
 
     def a_element(g, bm, bk, i, j):
-        m, k = tirx.min(bm * mr + i, m_total - 1), bk * kr + j
+        m, k = first + tirx.min(bm * mr + i, m_total - 1), bk * kr + j
         k0 = bk * kr
         in_range = k < k_total
         # 1x1 stride-1 convolutions that do not read the input in place
@@ -252,7 +271,7 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         pixel = tirx.if_then_else(inside, data[b, ih, iw, g * cg + c], pad_value)
         return tirx.if_then_else(in_range, cvt(pixel), zero)
 
-    return te.compute((G, mb, kb, mr, kr), a_element, name="A_packed")
+    return te.compute((G, mb, kb, mr, kr), a_element, name=name)
 
 
 def bordered_input_te(shape: Conv2DShape, data, pad_value):
@@ -339,7 +358,7 @@ def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt, row: int
     return te.compute((1, mb, kb, mr, kr), a_element, name="A_packed")
 
 
-def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
+def packed_gemm_te(a_packed, b_packed, acc_dtype: str, name: str = "gemm"):
     """The ``gemm`` stage: gemm[g, M/mr, N/nr, mr, nr] = sum over K of
     acc(A_packed[g, bm, kb, i, kk]) * acc(B_packed[g, bn, kb, j, kk]), the micro-kernel's
     block pattern (``kernels.desc``) once per (bm, bn)."""
@@ -353,7 +372,7 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
         lambda g, bm, bn, i, j: te.sum(a_packed[g, bm, rb, i, rk].astype(acc_dtype)
                                        * b_packed[g, bn, rb, j, rk].astype(acc_dtype),
                                        axis=[rb, rk]),
-        name="gemm")
+        name=name)
 
 
 # Smallest K at which a GEMM reads its input in place rather than packing it (pointwise
@@ -366,8 +385,13 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str):
 # A rows read once per column of macro tiles) outweigh the pack it saves.
 DIRECT_MIN_K = 64
 
+# Largest row tail, as a share of mr, that ``tail_kernel`` runs one row at a time rather
+# than padding up to a whole micro-tile: each tail row costs a K loop over all of B.
+TAIL_MAX_SHARE = 0.5
+TAIL = "_tail"  # suffix of a row tail's stage names (A_packed_tail, gemm_tail, output_tail)
 
-def direct_window(shape: Conv2DShape, mr_nr_kr):
+
+def direct_window(shape: Conv2DShape, mr_nr_kr, rows: int | None = None):
     """Where the GEMM of ``shape`` would find its rows of A in the input, read in place
     (``kernels.DirectWindow``, offsets into the input, or into its bordered copy
     ``data_padded`` when the layer pads), or None where A cannot be read in place:
@@ -381,6 +405,9 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
     Both: ungrouped, and runs of at least two whole K blocks (K, resp. C, a multiple of
     kr, so B is packed densely: ``row_blocked_k`` is None; a run of one block would leave
     a unit K loop, which the intrinsic's pattern does not match).
+
+    ``rows``: the GEMM's rows that are read (``gemm_rows``: a row tail is a GEMM of its
+    own), all of M if None.
     """
     from tvm_armq.intrinsics.kernels import DirectWindow
 
@@ -389,7 +416,8 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
     if s.groups != 1:
         return None
     if s.is_pointwise:
-        ok = s.gemm_m % mr == 0 and s.gemm_k % kr == 0 and s.gemm_k >= 2 * kr
+        rows = s.gemm_m if rows is None else rows
+        ok = rows % mr == 0 and s.gemm_k % kr == 0 and s.gemm_k >= 2 * kr
         return DirectWindow.pointwise(s.gemm_k) if ok else None
     if s.dilation[1] != 1 or s.in_c % kr or s.out_w % mr or s.kw * s.in_c < 2 * kr:
         return None
@@ -400,21 +428,53 @@ def direct_window(shape: Conv2DShape, mr_nr_kr):
                         row_stride=s.strides[1] * s.in_c)
 
 
-def can_read_input_directly(shape: Conv2DShape, kernel) -> bool:
-    """Whether the GEMM of ``shape`` *can* read A from the input in place with ``kernel``:
-    a kernel with a direct-read form (``kernels.has_direct``: sdot by element, int8
-    smull/sadalp) and a layer ``direct_window`` accepts."""
+def can_read_input_directly(shape: Conv2DShape, kernel, rows: int | None = None) -> bool:
+    """Whether the GEMM of ``shape`` (its ``rows``, as in ``direct_window``) *can* read A
+    from the input in place with ``kernel``: a kernel with a direct-read form
+    (``kernels.has_direct``: sdot by element, int8 smull/sadalp) and a layer
+    ``direct_window`` accepts."""
     from tvm_armq.intrinsics import kernels
 
     return (kernel is not None and kernels.has_direct(kernel)
-            and direct_window(shape, (kernel.mr, kernel.nr, kernel.kr)) is not None)
+            and direct_window(shape, (kernel.mr, kernel.nr, kernel.kr), rows) is not None)
 
 
-def reads_input_directly(shape: Conv2DShape, kernel) -> bool:
-    """Whether ``conv2d_gemm_func`` builds the GEMM of ``shape`` with ``kernel`` reading A
-    in place (no A_packed stage): where it can (``can_read_input_directly``) and K is at
-    least ``DIRECT_MIN_K`` (below, the pack is cheaper)."""
-    return can_read_input_directly(shape, kernel) and shape.gemm_k >= DIRECT_MIN_K
+def reads_input_directly(shape: Conv2DShape, kernel, rows: int | None = None) -> bool:
+    """Whether ``conv2d_gemm_func`` builds the GEMM of ``shape`` (its ``rows`` run by
+    ``kernel``: by default ``gemm_rows``) reading A in place (no A_packed stage): where it
+    can (``can_read_input_directly``) and K is at least ``DIRECT_MIN_K`` (below, the pack
+    is cheaper)."""
+    rows = gemm_rows(shape, kernel) if rows is None else rows
+    return can_read_input_directly(shape, kernel, rows) and shape.gemm_k >= DIRECT_MIN_K
+
+
+def tail_kernel(shape: Conv2DShape, kernel):
+    """The kernel that runs the last M % mr rows of the GEMM of ``shape`` (module
+    docstring: row tail), or None when they are padded up to a whole micro-tile instead.
+
+    A tail is the kernel's one-row twin (``kernels.one_row_twin``: same nr and kr, so the
+    same B_packed), one K loop per row over all of B. It pays where the padding would be
+    most of a micro-tile: at most ``TAIL_MAX_SHARE`` of mr rows (M = 49 at mr = 4: one row
+    instead of four, 49 rows of work instead of 52). Pointwise layers (dense included)
+    only: their rows are pixels the tail reads as they are, and no input copy (bordered or
+    row-blocked) has to be shared between the two GEMMs.
+    """
+    from tvm_armq.intrinsics import kernels
+
+    if kernel is None or not shape.is_pointwise or shape.gemm_m < kernel.mr:
+        return None
+    rest = shape.gemm_m % kernel.mr
+    if not rest or rest > kernel.mr * TAIL_MAX_SHARE:
+        return None
+    return kernels.one_row_twin(kernel)
+
+
+def gemm_rows(shape: Conv2DShape, kernel) -> int:
+    """The rows of the GEMM of ``shape`` that ``kernel`` runs: all of M, or those before a
+    row tail (``tail_kernel``)."""
+    if tail_kernel(shape, kernel) is None:
+        return shape.gemm_m
+    return shape.gemm_m - shape.gemm_m % kernel.mr
 
 
 # The gemm block's annotation in a direct-read func: its DirectWindow, as
@@ -422,7 +482,8 @@ def reads_input_directly(shape: Conv2DShape, kernel) -> bool:
 DIRECT_WINDOW = "tvm_armq.direct_window"
 
 
-def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: str):
+def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: str, *,
+                   rows: tuple[int, int] | None = None, name: str = "gemm"):
     """The ``gemm`` stage of a direct-read GEMM (``reads_input_directly``): the blocks of
     ``packed_gemm_te``, with A read in place from ``source`` (the NHWC input, or its
     bordered copy for a padded layer) at the flat offsets of ``direct_window``.
@@ -437,14 +498,20 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: st
     channel axis (batch, row and column 0) reads the same bytes as source[b, y, x, c], as
     one affine index the micro-kernel's pattern matches (``kernels.desc_direct``), where
     (b, y, x) would need divisions. K is reduced over (run, K block, kk) so that B's K
-    block is run * blocks + block."""
+    block is run * blocks + block.
+
+    ``rows`` = (first, count): only the GEMM's rows [first, first + count) (pointwise:
+    a row tail's GEMM or the rows before it), as in ``im2col_packed_te``."""
     from tvm import te
 
     mr, nr, kr = mr_nr_kr
     s = shape
-    window = direct_window(s, mr_nr_kr)
+    first, count = rows if rows is not None else (0, s.gemm_m)
+    if first and not s.is_pointwise:
+        raise ValueError(f"conv2d_gemm: {s}: only a pointwise GEMM reads rows from {first}")
+    window = direct_window(s, mr_nr_kr, count)
     G, nb = (int(d) for d in b_packed.shape[:2])
-    mb = s.gemm_m // mr
+    mb = count // mr
     blocks = window.segment // kr
     ohw = s.out_h * s.out_w
     rows, width = (int(d) for d in source.shape[1:3])
@@ -452,7 +519,7 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: st
 
     def origin(bm):
         if s.is_pointwise:
-            return bm * mr * window.segment
+            return (first + bm * mr) * window.segment
         m0 = bm * mr
         b, oh, ow0 = m0 // ohw, (m0 % ohw) // s.out_w, m0 % s.out_w
         return ((b * rows + oh * sh) * width + ow0 * sw) * s.in_c
@@ -474,7 +541,7 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, source, b_packed, acc_dtype: st
         lambda g, bm, bn, i, j: te.sum(
             source[0, 0, 0, a_at(bm, i, rr, rb, rk)].astype(acc_dtype)
             * b_packed[g, bn, b_block, j, rk].astype(acc_dtype), axis=runs + [rb, rk]),
-        name="gemm", attrs=attrs)
+        name=name, attrs=attrs)
 
 
 def window_of(sch, gemm_block):
@@ -488,8 +555,9 @@ def window_of(sch, gemm_block):
 
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
                    in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0,
-                   max_shift: int | None = None, direct: bool = False):
-    """TE tensors of the conv2d GEMM: (inputs..., output) for ``te.create_prim_func``.
+                   max_shift: int | None = None, direct: bool = False,
+                   tail: tuple[tuple[int, int, int], bool] | None = None):
+    """TE tensors of the conv2d GEMM: (inputs..., outputs) for ``te.create_prim_func``.
 
     Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
     [out_c], shift [out_c]. Output: the NHWC result viewed as
@@ -509,6 +577,12 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
 
     ``direct`` (only where ``can_read_input_directly`` holds): no ``A_packed`` stage, the
     ``gemm`` stage reads the input in place (``direct_gemm_te``).
+
+    ``tail`` = (the one-row tile (1, nr, kr), whether it reads in place), where
+    ``tail_kernel`` gives a row tail: the last M % mr rows are a second GEMM with stages
+    ``A_packed_tail`` (unless read in place), ``gemm_tail`` and ``output_tail``, and there
+    are two outputs, ``output`` [M - M % mr, groups, out_c / groups] and ``output_tail``
+    [M % mr, ...], which ``merge_outputs`` joins once the func is scheduled.
     """
     from tvm import te, tirx
 
@@ -518,6 +592,7 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     s, G = shape, shape.groups
     m_total, n_group = s.gemm_m, s.gemm_n
     kb, nb = s.packed_k(kr, in_dtype) // kr, _ceil_div(n_group, nr)
+    rest = m_total % mr if tail is not None else 0
 
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), in_dtype, "data")
     b_packed = te.placeholder((G, nb, kb, nr, kr), in_dtype, "B_packed")
@@ -525,47 +600,101 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     mult = te.placeholder((s.out_c,), "int32", "multiplier")
     shift = te.placeholder((s.out_c,), "int32", "shift")
     row_sum = te.placeholder((m_total, G), "int32", "row_sum") if w_zp else None
-
-    if direct:
-        if direct_window(s, mr_nr_kr) is None:
-            raise ValueError(f"conv2d_gemm: {s} cannot read A in place with {mr}x{nr}x{kr} "
-                             f"blocks (see direct_window)")
-        source = (bordered_input_te(s, data, tirx.const(in_zp, in_dtype)) if any(s.padding)
-                  else data)
-        acc = direct_gemm_te(s, mr_nr_kr, source, b_packed, "int32")
-    else:
-        a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(in_zp, in_dtype))
-        acc = packed_gemm_te(a_packed, b_packed, "int32")
+    pad = tirx.const(in_zp, in_dtype)
     lo, hi = act_range
 
-    def out_element(m, g, n):
-        c = g * n_group + n
-        x = acc[g, m // mr, n // nr, m % mr, n % nr]
-        if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
-            x = x - row_sum[m, g] * w_zp
-        x = x + bias[c]
-        r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift))
-        r = r + out_zp
-        return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
+    def gemm(tile, rows, direct, suffix):
+        """The GEMM stages of rows = (first, count) with micro-tile ``tile``; its blocks."""
+        if not direct:
+            a_packed = im2col_packed_te(s, tile, data, pad, rows=rows,
+                                        name="A_packed" + suffix)
+            return packed_gemm_te(a_packed, b_packed, "int32", name="gemm" + suffix)
+        if direct_window(s, tile, rows[1]) is None:
+            raise ValueError(f"conv2d_gemm: {s} cannot read A in place with "
+                             f"{'x'.join(map(str, tile))} blocks (see direct_window)")
+        source = bordered_input_te(s, data, pad) if any(s.padding) else data
+        return direct_gemm_te(s, tile, source, b_packed, "int32", rows=rows,
+                              name="gemm" + suffix)
 
-    out = te.compute((m_total, G, n_group), out_element, name="output")
+    def epilogue(acc, rows_mr, first, count, suffix):
+        """The output stage of rows [first, first + count), from the blocks ``acc``."""
+        def out_element(m, g, n):
+            c = g * n_group + n
+            x = acc[g, m // rows_mr, n // nr, m % rows_mr, n % nr]
+            if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
+                x = x - row_sum[first + m, g] * w_zp
+            x = x + bias[c]
+            r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift))
+            r = r + out_zp
+            return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
+
+        return te.compute((count, G, n_group), out_element, name="output" + suffix)
+
+    main = m_total - rest
+    outputs = [epilogue(gemm(mr_nr_kr, (0, main), direct, ""), mr, 0, main, "")]
+    if rest:
+        tail_tile, tail_direct = tail
+        acc = gemm(tail_tile, (main, rest), tail_direct, TAIL)
+        outputs.append(epilogue(acc, tail_tile[0], main, rest, TAIL))
     inputs = (data, b_packed, bias, mult, shift) + ((row_sum,) if w_zp else ())
-    return (*inputs, out)
+    return (*inputs, *outputs)
 
 
 def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, *, kernel=None, **quant):
     """The conv2d as one TIR PrimFunc, unscheduled (stages as in ``conv2d_gemm_te``).
 
     With ``kernel`` (a record of ``tvm_armq.intrinsics.kernels`` whose block is
-    ``mr_nr_kr``) the func carries the attributes of ``annotate``, and reads A from the
+    ``mr_nr_kr``) the func carries the attributes of ``annotate``, reads A from the
     input in place where the kernel can (``reads_input_directly``: then it must be
-    scheduled with that kernel).
+    scheduled with that kernel), and runs a row tail through its one-row twin where
+    ``tail_kernel`` says so (two outputs until ``merge_outputs``; ``schedule_conv2d_gemm``
+    merges them).
     """
     from tvm import te
 
     direct = reads_input_directly(shape, kernel)
-    func = te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, direct=direct, **quant)))
+    twin = tail_kernel(shape, kernel)
+    tail = None
+    if twin is not None:
+        rest = shape.gemm_m - gemm_rows(shape, kernel)
+        tail = ((twin.mr, twin.nr, twin.kr), reads_input_directly(shape, twin, rest))
+    func = te.create_prim_func(list(conv2d_gemm_te(shape, mr_nr_kr, direct=direct, tail=tail,
+                                                   **quant)))
     return func if kernel is None else annotate(func, kernel)
+
+
+def merge_outputs(func):
+    """``func`` with a row tail's two output buffers (``conv2d_gemm_te``: ``output`` and
+    ``output_tail``) joined into one ``output`` of all M rows, whose last rows
+    ``output_tail`` becomes a view of (a match_buffer of the root block); ``func`` itself
+    when it has no row tail. For a scheduled func: no schedule primitive runs after it."""
+    import tvm
+    import tvm_ffi
+    from tvm import s_tir, tirx
+    from tvm.tirx.buffer import Buffer
+
+    names = [p.name for p in func.params]
+    if "output" + TAIL not in names:
+        return func
+    out, tail = func.params[names.index("output")], func.params[names.index("output" + TAIL)]
+    main, rest = int(out.shape[0]), int(tail.shape[0])
+    inner = [int(d) for d in out.shape[1:]]
+    full = tirx.decl_buffer((main + rest, *inner), out.dtype, "output")
+    view = tirx.decl_buffer(tuple(int(d) for d in tail.shape), tail.dtype, "output" + TAIL,
+                            elem_offset=main * int(np.prod(inner)))
+    swap = {out: full, tail: view}
+    realize = tvm_ffi.structural_map(func.body, [(Buffer, lambda b: swap.get(b, b))])
+    root = realize.block
+    rows = [tvm.ir.Range.from_min_extent(main, rest)] + [tvm.ir.Range.from_min_extent(0, d)
+                                                         for d in inner]
+    match = s_tir.MatchBufferRegion(view, tirx.BufferRegion(full, rows))
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body,
+                        root.init, root.alloc_buffers, [*root.match_buffers, match],
+                        root.annotations)
+    params = [full if p.same_as(out) else p for p in func.params if not p.same_as(tail)]
+    return tirx.PrimFunc(params, s_tir.SBlockRealize(realize.iter_values, realize.predicate,
+                                                     root),
+                         ret_type=func.ret_type, attrs=func.attrs)
 
 
 # Function attributes that mark a PrimFunc as an unscheduled conv2d GEMM (for tuners).
@@ -686,8 +815,10 @@ def _direct_n_tiles(nb: int, kernel) -> int:
     return max(fits)
 
 
-def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmKnobs:
-    """Good knobs for ``shape`` with micro-kernel ``kernel`` (any ISA level).
+def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True,
+                  rows: int | None = None) -> GemmKnobs:
+    """Good knobs for ``shape`` with micro-kernel ``kernel`` (any ISA level), for the
+    GEMM's ``rows`` that the kernel runs (default ``gemm_rows``: M but a row tail).
 
     Among macro tiles whose tile counts divide the layer's block counts (so no ragged
     tile) and whose K loop fits the register file (``_registers``), rank by, in order:
@@ -705,14 +836,20 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True) -> GemmK
     kernel tensorized over the whole K loop (``kernels.has_k_loop``, more than one K
     block) gets one micro-tile per macro tile.
     """
+    rows = gemm_rows(shape, kernel) if rows is None else rows
+    return _knobs(kernel, _ceil_div(rows, kernel.mr), _ceil_div(shape.gemm_n, kernel.nr),
+                  shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr,
+                  reads_input_directly(shape, kernel, rows), parallel)
+
+
+def _knobs(kernel, mb: int, nb: int, kb: int, direct: bool, parallel: bool) -> GemmKnobs:
+    """``default_knobs`` of a GEMM of mb x nb micro-tiles over kb K blocks, read in place
+    if ``direct``."""
     from tvm_armq.intrinsics import kernels
 
-    mb = _ceil_div(shape.gemm_m, kernel.mr)
-    nb = _ceil_div(shape.gemm_n, kernel.nr)
-    kb = shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr
     if kernel.intrin is None:
         return GemmKnobs(parallel=parallel)
-    if reads_input_directly(shape, kernel):
+    if direct:
         return GemmKnobs(n_tiles=_direct_n_tiles(nb, kernel), parallel=parallel)
     if kernels.has_k_loop(kernel) and kb > 1:
         # Tensorized over the whole K loop: one micro-tile per macro tile. A short K loop is
@@ -766,6 +903,9 @@ def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
             for each output row of the tile (unrolled):
               output[row, n_tiles * nr channels] = epilogue(acc)   (one vector)
 
+    A row tail (``tail_kernel``) is scheduled the same way with the kernel's one-row twin
+    and its ``default_knobs``, and the result has one output (``merge_outputs``).
+
     A kernel with a whole-K form (``kernels.has_k_loop``: neon's smull/sadalp) is
     tensorized over the kb loop instead, one K loop per micro-tile (k_unroll unused). A
     func that reads A in place (``reads_input_directly``: no A_packed stage) is tensorized
@@ -791,7 +931,8 @@ def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
 
     _schedule_body(sch, kernel, target, fixed_tile, parallel=knobs.parallel,
                    vector_epilogue=knobs.vector_epilogue)
-    return sch.mod["main"]
+    _schedule_tail(sch, kernel, target, parallel=knobs.parallel)
+    return merge_outputs(sch.mod["main"])
 
 
 # Largest inner factor ``sample_conv2d_gemm`` draws per knob: beyond these a macro tile's
@@ -813,7 +954,8 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
     n_tiles, so there n_tiles is not sampled but fixed at its default, and m_tiles is the
     one sample: a mutated trace then always tensorizes.) ``parallel``
     is a fixed choice (it follows how the module will be run, not a
-    tunable). Usable as the schedule function of
+    tunable). A row tail gets its default knobs, not samples, and its two outputs stay
+    apart (the tuner measures the func as built). Usable as the schedule function of
     ``tvm.s_tir.meta_schedule.space_generator.ScheduleFn``.
     """
 
@@ -821,8 +963,7 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
         raise ValueError(f"sample_conv2d_gemm: {kernel.name} is the scalar reference; the "
                          "design space is for tensorized micro-kernels")
 
-    direct = "A_packed" not in [sch.get(b).name_hint
-                                for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    direct = "A_packed" not in _stage_names(sch)
 
     def sampled_tile(loop, knob):
         if direct and knob == "n_tiles":
@@ -831,27 +972,56 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
                                             max_innermost_factor=SAMPLE_MAX_INNER[knob]))
 
     _schedule_body(sch, kernel, target, sampled_tile, parallel=parallel, vector_epilogue=True)
+    _schedule_tail(sch, kernel, target, parallel=parallel)
 
 
-def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue: bool) -> None:
+def _stage_names(sch) -> list[str]:
+    return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+
+
+def _schedule_tail(sch, kernel, target, *, parallel: bool) -> None:
+    """Schedule a row tail's stages (if the func has them: ``tail_kernel``) with the
+    kernel's one-row twin and the knobs ``default_knobs`` gives it."""
+    from tvm_armq.intrinsics import kernels
+
+    if "gemm" + TAIL not in _stage_names(sch):
+        return
+    twin = kernels.one_row_twin(kernel)
+    direct = "A_packed" + TAIL not in _stage_names(sch)
+    # the tail GEMM's block counts: loops (g, mb, nb, mr, nr, [runs,] kb, kr)
+    extents = [sch.get(loop).extent.value for loop in sch.get_loops(sch.get_sblock("gemm" + TAIL))]
+    knobs = _knobs(twin, extents[1], extents[2], extents[-2], direct, parallel)
+    wants = {"m_tiles": knobs.m_tiles, "n_tiles": knobs.n_tiles, "k_unroll": knobs.k_unroll}
+
+    def fixed_tile(loop, knob):
+        return [None, _largest_divisor(sch.get(loop).extent.value, wants[knob])]
+
+    _schedule_body(sch, twin, target, fixed_tile, parallel=parallel,
+                   vector_epilogue=knobs.vector_epilogue, suffix=TAIL)
+
+
+def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue: bool,
+                   suffix: str = "") -> None:
     """The one schedule of ``schedule_conv2d_gemm`` and ``sample_conv2d_gemm``.
 
     ``tile(loop, knob)`` gives the [outer, inner] split factors of ``loop`` for ``knob``
     ("m_tiles", "n_tiles" or "k_unroll"): ints, or sampled random variables. Nothing
     below branches on a factor's value, so a trace of it replays for any decision.
+    ``suffix``: of the stage names, ``TAIL`` for a row tail's GEMM (which shares the
+    input copies scheduled with the main one).
     """
     from tvm_armq.intrinsics import kernels
 
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    names = _stage_names(sch)
     # A direct-read func (reads_input_directly) has no A_packed stage: its GEMM reads the
     # input in place, through the kernel's direct-read form only.
-    direct = "A_packed" not in names
+    direct = "A_packed" + suffix not in names
     if direct and not kernels.has_direct(kernel):
         raise ValueError(f"conv2d_gemm: the func reads A in place (no A_packed stage), which "
                          f"kernel {kernel.name} cannot do; build it with conv2d_gemm_func("
                          f"..., kernel={kernel.name}) or without a direct-read kernel")
-    out, gemm = sch.get_sblock("output"), sch.get_sblock("gemm")
-    a_packed = None if direct else sch.get_sblock("A_packed")
+    out, gemm = sch.get_sblock("output" + suffix), sch.get_sblock("gemm" + suffix)
+    a_packed = None if direct else sch.get_sblock("A_packed" + suffix)
     window = window_of(sch, gemm) if direct else None
     # a direct-read conv reduces over (kernel row, K block, kk): the rows stay outermost
     g, mo, no, i, j, *k_loops = sch.get_loops(gemm)
@@ -891,6 +1061,8 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     if a_packed is not None:
         sch.vectorize(sch.get_loops(a_packed)[-1])
     stages = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
+    if suffix:  # the input copies are the main GEMM's to schedule
+        stages = {}
     if ROWS_STAGE in stages:
         _schedule_rows_copy(sch, stages[ROWS_STAGE], parallel)
     if "data_padded" in stages:  # the bordered input copy: rows in parallel, channels in vectors

@@ -335,8 +335,9 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     args = [x.reshape(shape.batch, shape.in_h, shape.in_w, shape.in_c),
             cg.pack_weights(w, tile, shape.groups), cg.fold_bias(w, q.bias, q.in_zp),
             mult, shift, out]
+    tail = " +1-row tail" if cg.tail_kernel(shape, micro) is not None else ""
     return LayerKernel(f, args, f"{micro.name} {knobs.m_tiles}x{knobs.n_tiles}"
-                                f"/k{knobs.k_unroll}")
+                                f"/k{knobs.k_unroll}{tail}")
 
 
 def _depthwise_kernel(layer: Layer, q, x, dw) -> LayerKernel:

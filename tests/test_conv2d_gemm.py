@@ -305,16 +305,17 @@ def test_default_knobs_are_honoured_and_fit_the_registers():
 def test_default_knobs_follow_the_measured_rules():
     """neon's whole-K kernel: one micro-tile per macro tile once K spans two blocks (short
     K loops are unrolled, and several tiles' partial sums spill); sdot by element on a
-    packed layer (M = 49: no direct read) takes the 16-channel row from LONG_K_BLOCKS K
-    blocks, the 8-channel one below; one-row GEMMs fill ONE_ROW_CHANNELS."""
+    packed layer (M = 35: no direct read, and 3 rows left over are padded, not a tail)
+    takes the 16-channel row from LONG_K_BLOCKS K blocks, the 8-channel one below;
+    one-row GEMMs fill ONE_ROW_CHANNELS, as a layer's row tail does."""
     neon = kernels.select(build.resolve_target("neon"), "int8", "int8")
     dot = kernels.select(build.resolve_target("dotprod"), "int8", "int8")
     for k in (24, 32, 512):
         knobs = cg.default_knobs(S(1, 7, 7, k, 1024, 1, 1), neon)
         assert (knobs.m_tiles, knobs.n_tiles) == (1, 1), (k, knobs)
-    long_k = S(1, 7, 7, 4 * cg.LONG_K_BLOCKS, 960, 1, 1)
+    long_k = S(1, 5, 7, 4 * cg.LONG_K_BLOCKS, 960, 1, 1)
     short_k = dataclasses.replace(long_k, in_c=4 * cg.LONG_K_BLOCKS - 4)
-    assert not cg.reads_input_directly(long_k, dot)
+    assert cg.tail_kernel(long_k, dot) is None and not cg.reads_input_directly(long_k, dot)
     assert cg.default_knobs(long_k, dot).n_tiles * dot.nr == cg.STORE_CHANNELS
     assert cg.default_knobs(short_k, dot).n_tiles * dot.nr < cg.STORE_CHANNELS
     one_row = kernels.select(build.resolve_target("dotprod"), "int8", "int8", rows=1)
@@ -405,8 +406,9 @@ def test_direct_read_on_device(run_funcs, level, tmp_path, report):
 def test_direct_read_only_where_it_applies():
     """Direct read needs a kernel with a direct form (sdot by element, smull/sadalp; not
     smmla, whose A block interleaves two rows), K >= DIRECT_MIN_K and an ungrouped layer:
-    pointwise with M % mr == 0 and K % kr == 0, or kh x kw with C % kr == 0, columns not
-    dilated and out_w % mr == 0; every other layer and kernel keeps the A pack."""
+    pointwise with M % mr == 0 (M before a row tail) and K % kr == 0, or kh x kw with
+    C % kr == 0, columns not dilated and out_w % mr == 0; every other layer and kernel
+    keeps the A pack."""
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     assert cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), dot)
     assert cg.reads_input_directly(S(1, 14, 14, cg.DIRECT_MIN_K, 8, 1, 1), dot)
@@ -415,7 +417,10 @@ def test_direct_read_only_where_it_applies():
     packed = cg.conv2d_gemm_func(small_k, _tile(dot), kernel=dot, in_zp=0, out_zp=0,
                                  act_range=(-128, 127))
     assert "A_packed" in packed.script()
-    assert not cg.reads_input_directly(S(1, 7, 7, 160, 960, 1, 1), dot)  # M = 49
+    assert not cg.reads_input_directly(S(1, 5, 7, 160, 960, 1, 1), dot)  # M = 35: padded
+    # M = 49: 48 rows read in place, the row tail too (by the one-row twin)
+    assert cg.gemm_rows(S(1, 7, 7, 160, 960, 1, 1), dot) == 48
+    assert cg.reads_input_directly(S(1, 7, 7, 160, 960, 1, 1), dot)
     assert not cg.reads_input_directly(S(1, 4, 4, 6, 8, 1, 1), dot)  # K = 6
     assert not cg.reads_input_directly(S(1, 4, 4, 4, 8, 3, 3, padding=(1, 1, 1, 1)), dot)  # K
     conv = S(1, 8, 8, 16, 8, 3, 3, padding=(1, 1, 1, 1))
@@ -530,6 +535,66 @@ def test_neon_8_byte_kernel_on_device(run_funcs, tmp_path, report):
     assert direct == ["k72_direct", "3x3_c8_direct"], direct
     report(f"conv2d_gemm {names[0]:28s} neon     {len(DEPTH_CASES)} cases x "
            f"{len(DEPTH_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
+
+
+# GEMMs whose last M % mr rows run through the kernel's one-row twin (cg.tail_kernel: a
+# pointwise layer or dense, at most half a micro-tile left over): a 7x7 layer read in
+# place (K = 64 at dotprod, main rows and tail), one packed (K = 32), two tail rows
+# (dense M = 6, batch 2 of 5x5: M = 50), one tail row with a K remainder (dotprod:
+# K = 20 is 5 blocks of 4; neon pads 20 to 32), and M = 7, whose 3 rows are padded.
+TAIL_CASES = [
+    Case("tail_7x7_k64_direct", S(1, 7, 7, 64, 40, 1, 1), in_zp=-128, out_zp=3),
+    Case("tail_7x7_k32_packed", S(1, 7, 7, 32, 24, 1, 1), in_zp=17, out_zp=-9,
+         act_range=(-128, 60)),
+    Case("tail_dense_rows6", S.dense(6, 48, 20), in_zp=5, out_zp=0),
+    Case("tail_batch2_rows50", S(2, 5, 5, 16, 12, 1, 1), in_zp=-40, out_zp=-128),
+    Case("tail_rows9_k20", S(1, 3, 3, 20, 8, 1, 1), in_zp=100, out_zp=1),
+    Case("no_tail_rows7", S.dense(7, 64, 16), in_zp=-2, out_zp=2),
+]
+TAIL_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
+
+
+def test_row_tail_on_device(run_funcs, level, tmp_path, report):
+    """The last M % mr rows of a GEMM through the one-row twin (neon 1x4x16, dotprod
+    1x4x4, reading the same packed B), with their own epilogue writing the last rows of
+    the one output: bit-exact with default and other knobs of the main GEMM. smmla has no
+    one-row twin, so at i8mm the rows are padded as before."""
+    target = build.resolve_target(level)
+
+    def select(c):
+        return kernels.select(target, "int8", "int8", rows=c.shape.gemm_m, depth=c.shape.gemm_k)
+
+    tails = [c.name for c in TAIL_CASES if cg.tail_kernel(c.shape, select(c)) is not None]
+    want = {"neon": [c.name for c in TAIL_CASES[:4]],
+            "dotprod": [c.name for c in TAIL_CASES[:5]], "i8mm": []}[level]
+    assert tails == want, tails
+    for c in TAIL_CASES:
+        twin = cg.tail_kernel(c.shape, select(c))
+        assert twin is None or (twin.mr, twin.nr, twin.kr) == (1, select(c).nr, select(c).kr)
+    _, used = _check_selected(run_funcs, level, TAIL_CASES, TAIL_KNOBS, 700,
+                              tmp_path / "row_tail.so", select)
+    report(f"conv2d_gemm row tails {used[0].name:28s} {level:8s} {len(TAIL_CASES)} cases x "
+           f"{len(TAIL_KNOBS)} schedules bit-exact ({len(tails)} with a tail)")
+
+
+def test_merge_outputs_joins_the_tail_into_one_output():
+    """A func with a row tail has outputs ``output`` and ``output_tail`` while it is
+    scheduled and one ``output`` of all M rows after (``output_tail`` a view of its last
+    rows); a func without a tail is left as it is."""
+    kernel = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    quant = dict(in_zp=0, out_zp=0, act_range=(-128, 127))
+    shape = S(1, 7, 7, 32, 8, 1, 1)
+    f = cg.conv2d_gemm_func(shape, _tile(kernel), kernel=kernel, **quant)
+    names = [p.name for p in f.params]
+    assert names[-2:] == ["output", "output_tail"], names
+    assert [int(d) for d in f.params[-2].shape] == [48, 1, 8]
+    assert [int(d) for d in f.params[-1].shape] == [1, 1, 8]
+    merged = cg.merge_outputs(f)
+    assert [p.name for p in merged.params] == names[:-1]
+    assert [int(d) for d in merged.params[-1].shape] == [49, 1, 8]
+    assert "match_buffer(output[48, 0, 0:8], (1, 1, 8)" in merged.script()
+    plain = cg.conv2d_gemm_func(S(1, 4, 4, 32, 8, 1, 1), _tile(kernel), kernel=kernel, **quant)
+    assert cg.merge_outputs(plain).same_as(plain)
 
 
 # Layers built for their largest shift (max_shift, as the compiler does: real scales are

@@ -65,11 +65,13 @@ class Lowered:
     out_shape: tuple
     kernel: str      # a name of intrinsics/kernels.py's table, or the depthwise schedule
     tuned: bool = False
+    tail: str | None = None  # the kernel of the GEMM's last M % mr rows (conv2d_gemm.tail_kernel)
 
     def line(self) -> str:
         tag = " (tuned)" if self.tuned else ""
+        tail = f" + {self.tail} for the last rows" if self.tail else ""
         return (f"{self.op:17s} {str(self.in_shape):20s} -> {str(self.out_shape):20s} "
-                f"{self.kernel}{tag}")
+                f"{self.kernel}{tail}{tag}")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -409,7 +411,8 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
     tuned = scheduled is not None
     if not tuned:
         scheduled = cg.schedule_conv2d_gemm(func, kernel, target,
-                                            cg.default_knobs(shape, kernel)) if schedule else func
+                                            cg.default_knobs(shape, kernel)) if schedule else \
+            cg.merge_outputs(func)
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
     data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
@@ -420,7 +423,9 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
         after.append(_KernelCall(cu.schedule_row_sums(f) if schedule else f, "row_sums", data,
                                  [], (shape.gemm_m, shape.groups), None, "int32"))
-    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned)
+    tail = cg.tail_kernel(shape, kernel)
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned,
+                     tail.name if tail is not None else None)
     return _KernelCall(scheduled, layer.op, data, consts,
                        (shape.gemm_m, shape.groups, shape.gemm_n), record, dtype, after)
 

@@ -690,6 +690,8 @@ def schedule_from_database(database, func, target):
     import tvm
     from tvm import s_tir
 
+    from .schedules import conv2d_gemm as cg
+
     if ATTR_OP not in (func.attrs or {}):
         raise ValueError(f"schedule_from_database: the func has no {ATTR_OP} attribute; "
                          "tuning records exist only for tvm_armq kernel funcs "
@@ -701,7 +703,7 @@ def schedule_from_database(database, func, target):
         return None
     sch = s_tir.Schedule(_workload(func))
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    scheduled = sch.mod["main"]
+    scheduled = cg.merge_outputs(sch.mod["main"])
     own = func.attrs or {}
     for key in ("global_symbol", "tirx.noalias"):
         if key in own:
