@@ -50,8 +50,9 @@ consecutive K bytes anyway), wherever each row is a few runs of contiguous bytes
                       bytes, in the input or its bordered copy; the mr rows of a
                       micro-tile are mr consecutive pixels of one output row
 
-Then, for K of at least ``DIRECT_MIN_K``, there is no A_packed stage: the GEMM reads the
-input in place (an implicit GEMM, no im2col copy), and only B is packed.
+Then (``reads_input_directly``: for K of at least ``DIRECT_MIN_K``, or smaller K where
+that pays) there is no A_packed stage: the GEMM reads the input in place (an implicit
+GEMM, no im2col copy), and only B is packed.
 
 Zero points: TFLite computes sum_k (a - zp_a) * w + bias. With w symmetric this
 is sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of
@@ -246,7 +247,8 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
         # and the by-vector kernels want several pixels' channels interleaved in one
         # register (smmla: 2 pixels x 8 bytes), which a copy-free K loop would rebuild
         # once per macro-tile column where the pack does it once; at small K the pack
-        # is also cheaper for the by-element kernels (``DIRECT_MIN_K``).
+        # is also cheaper for the by-element kernels (``DIRECT_MIN_K``) unless A is read
+        # by few column passes.
         if s.is_pointwise:  # the pixel is the output pixel: a plain interleaving copy
             return tirx.if_then_else(in_range, cvt(data[m // ohw, (m % ohw) // s.out_w,
                                                         m % s.out_w, g * cg + k]), zero)
@@ -384,6 +386,17 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str, name: str = "gemm"):
 # costs of the direct form (its accumulators loaded and stored around a short K loop,
 # A rows read once per column of macro tiles) outweigh the pack it saves.
 DIRECT_MIN_K = 64
+# ... unless A is read by few column passes (the direct K loop's n_tiles micro-tiles side
+# by side cover nb / n_tiles of them; each pass reads every row of A again). Measured at
+# dotprod, K = 32 (corrected, packed -> read in place): v2.b0.project (N = 16, 1 pass)
+# 0.985 -> 1.167, v1.pw1 (N = 64, 4 passes) 1.036 -> 1.044, v2.b4-6.expand (N = 192,
+# 12 passes) 1.037 -> 1.004; v2.b1.expand (K = 16, 6 passes) 1.083 -> 1.004.
+DIRECT_MAX_PASSES = 4
+# The widening (smull/sadalp) kernels read in place from the smallest K direct_window
+# takes (two blocks), whatever N: their pack is an interleaving copy that costs more than
+# the passes over A. Measured at neon (corrected, packed -> read in place): v2.b0.project
+# (K = 32) 1.195 -> 1.244, v1.pw1 (K = 32, 16 passes) 1.095 -> 1.107, v2.b2-3.expand
+# (K = 24, 8-byte blocks, 36 passes) 1.113 -> 1.146, v2.b4-6.expand 1.082 -> 1.086.
 
 # Largest row tail, as a share of mr, that ``tail_kernel`` runs one row at a time rather
 # than padding up to a whole micro-tile: each tail row costs a K loop over all of B.
@@ -442,10 +455,18 @@ def can_read_input_directly(shape: Conv2DShape, kernel, rows: int | None = None)
 def reads_input_directly(shape: Conv2DShape, kernel, rows: int | None = None) -> bool:
     """Whether ``conv2d_gemm_func`` builds the GEMM of ``shape`` (its ``rows`` run by
     ``kernel``: by default ``gemm_rows``) reading A in place (no A_packed stage): where it
-    can (``can_read_input_directly``) and K is at least ``DIRECT_MIN_K`` (below, the pack
-    is cheaper)."""
+    can (``can_read_input_directly``) and K is at least ``DIRECT_MIN_K``; below that
+    (where the pack is cheaper) a pointwise layer still reads in place with a widening
+    kernel, or where at most ``DIRECT_MAX_PASSES`` column passes read A (both measured on
+    pointwise layers only)."""
     rows = gemm_rows(shape, kernel) if rows is None else rows
-    return can_read_input_directly(shape, kernel, rows) and shape.gemm_k >= DIRECT_MIN_K
+    if not can_read_input_directly(shape, kernel, rows):
+        return False
+    if shape.gemm_k >= DIRECT_MIN_K:
+        return True
+    nb = _ceil_div(shape.gemm_n, kernel.nr)
+    return shape.is_pointwise and (kernel.form == "widening"
+                                   or nb // _direct_n_tiles(nb, kernel) <= DIRECT_MAX_PASSES)
 
 
 def tail_kernel(shape: Conv2DShape, kernel):

@@ -412,8 +412,15 @@ def test_direct_read_only_where_it_applies():
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     assert cg.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), dot)
     assert cg.reads_input_directly(S(1, 14, 14, cg.DIRECT_MIN_K, 8, 1, 1), dot)
-    small_k = S(1, 14, 14, cg.DIRECT_MIN_K - dot.kr, 8, 1, 1)
+    # below DIRECT_MIN_K: in place where A is read by few column passes (16 channels each)
+    passes = cg.STORE_CHANNELS * (cg.DIRECT_MAX_PASSES + 1)
+    small_k = S(1, 14, 14, cg.DIRECT_MIN_K - dot.kr, passes, 1, 1)
     assert cg.can_read_input_directly(small_k, dot) and not cg.reads_input_directly(small_k, dot)
+    few_passes = dataclasses.replace(small_k, out_c=passes - cg.STORE_CHANNELS)
+    assert cg.reads_input_directly(few_passes, dot)
+    # the widening kernel (neon) reads in place from two K blocks, over any number of passes
+    neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
+    assert cg.reads_input_directly(dataclasses.replace(small_k, in_c=2 * neon.kr), neon)
     packed = cg.conv2d_gemm_func(small_k, _tile(dot), kernel=dot, in_zp=0, out_zp=0,
                                  act_range=(-128, 127))
     assert "A_packed" in packed.script()
@@ -422,7 +429,8 @@ def test_direct_read_only_where_it_applies():
     assert cg.gemm_rows(S(1, 7, 7, 160, 960, 1, 1), dot) == 48
     assert cg.reads_input_directly(S(1, 7, 7, 160, 960, 1, 1), dot)
     assert not cg.reads_input_directly(S(1, 4, 4, 6, 8, 1, 1), dot)  # K = 6
-    assert not cg.reads_input_directly(S(1, 4, 4, 4, 8, 3, 3, padding=(1, 1, 1, 1)), dot)  # K
+    # a 3x3 conv below DIRECT_MIN_K packs, however few its passes (K = 36, N = 8: one)
+    assert not cg.reads_input_directly(S(1, 4, 4, 4, 8, 3, 3, padding=(1, 1, 1, 1)), dot)
     conv = S(1, 8, 8, 16, 8, 3, 3, padding=(1, 1, 1, 1))
     assert cg.reads_input_directly(conv, dot)
     assert cg.direct_window(conv, _tile(dot)) == kernels.DirectWindow(48, 3, 10 * 16, 16)
@@ -473,12 +481,12 @@ def _check_selected(run_funcs, level, cases, knobs_by_tag, seed, lib, select):
 # take the level's one-row kernel (kernels.select with rows = 1). Cases: read in place
 # with whole 16-byte row loads and with a K tail (dotprod: K = 200 is 50 steps of 4), the
 # widest K loop (30 column blocks: 10 tiles at dotprod, 5 at neon), K below DIRECT_MIN_K
-# and K no multiple of kr (packed A, N remainder), a 1x1 conv on a 1x1 image, a 3x3 VALID
+# over more than DIRECT_MAX_PASSES column passes and K no multiple of kr (packed A), a 1x1 conv on a 1x1 image, a 3x3 VALID
 # conv whose output is one pixel (kernel rows read in place), a clamp.
 ONE_ROW_CASES = [
     Case("one_row_k256_n120", S.dense(1, 256, 120), in_zp=-128, out_zp=3),
     Case("one_row_k200_n40_tail", S.dense(1, 200, 40), in_zp=17, out_zp=-9),
-    Case("one_row_k36_packed", S.dense(1, 36, 20), in_zp=-3, out_zp=0),
+    Case("one_row_k36_packed", S.dense(1, 36, 210), in_zp=-3, out_zp=0),
     Case("one_row_k70_n13", S.dense(1, 70, 13), in_zp=127, out_zp=-128,
          act_range=(-128, 50)),
     Case("one_row_1x1_on_1x1", S(1, 1, 1, 96, 24, 1, 1), in_zp=5, out_zp=2),
@@ -508,8 +516,8 @@ def test_one_row_gemm_on_device(run_funcs, level, tmp_path, report):
 
 
 # neon GEMMs whose K is 1-8 past a multiple of 16 take the 8-byte kernel (kernels.select
-# with the depth): packed (K = 24, K = 40 with M and N remainders), one K block (K = 8),
-# read in place (pointwise K = 72, a 3x3 conv over 8 channels: runs of 24 bytes).
+# with the depth): packed (K = 40 with M and N remainders), one K block (K = 8), read in
+# place (pointwise K = 24 and 72, a 3x3 conv over 8 channels: runs of 24 bytes).
 DEPTH_CASES = [
     Case("k24_pointwise", S(1, 4, 6, 24, 20, 1, 1), in_zp=-128, out_zp=5),
     Case("k40_dense_rem", S.dense(6, 40, 13), in_zp=33, out_zp=-2),
@@ -532,7 +540,7 @@ def test_neon_8_byte_kernel_on_device(run_funcs, tmp_path, report):
                                    tmp_path / "neon_k8.so", select)
     names = [k.name for k in used]
     assert names == [kernels.GEMM_S8S8S32_4X4X8_NEON] * len(DEPTH_CASES), names
-    assert direct == ["k72_direct", "3x3_c8_direct"], direct
+    assert direct == ["k24_pointwise", "k72_direct", "3x3_c8_direct"], direct
     report(f"conv2d_gemm {names[0]:28s} neon     {len(DEPTH_CASES)} cases x "
            f"{len(DEPTH_KNOBS)} schedules bit-exact ({len(direct)} read in place)")
 
