@@ -281,6 +281,35 @@ def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
            f"schedules of {len(SEEDS)} seeds bit-exact")
 
 
+def test_sample_conv2d_gemm_with_row_tail_on_device(run_funcs, level, tmp_path, report):
+    """The design space of a 7x7 pointwise layer: the main GEMM's knobs are sampled, its row
+    tail (neon, dotprod) keeps its default knobs, and each candidate, its outputs merged
+    as ``tuning.schedule_from_database`` merges them, is bit-exact."""
+    from tvm import s_tir
+
+    target = build.resolve_target(level)
+    c = Case("sampled_7x7_tail", S(1, 7, 7, 48, 24, 1, 1), in_zp=9, out_zp=-6)
+    kernel = kernels.select(target, "int8", "int8", rows=c.shape.gemm_m, depth=c.shape.gemm_k)
+    assert (cg.tail_kernel(c.shape, kernel) is not None) == (level != "i8mm")
+    func = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
+                               out_zp=c.out_zp, act_range=c.act_range)
+    funcs, decisions = {}, set()
+    for seed in SEEDS:
+        sch = s_tir.Schedule(func, seed=seed)
+        cg.sample_conv2d_gemm(sch, kernel, target)
+        decisions.add(tuple(tuple(int(x) for x in d) for d in sch.trace.decisions.values()))
+        funcs[f"seed{seed}"] = cg.merge_outputs(sch.mod["main"])
+    assert len(decisions) > 1, f"{len(SEEDS)} seeds sampled one and the same schedule"
+    args, expected = _case_data(c, 1, kernel)
+    _, outs = run_funcs(level, funcs, [(name, args, _out_shape(c.shape), np.int8)
+                                       for name in funcs], tmp_path / "sampled_tail.so")
+    for name, out in zip(funcs, outs):
+        np.testing.assert_array_equal(out.reshape(expected.shape), expected,
+                                      err_msg=f"{name} at {level}")
+    report(f"conv2d_gemm sampled with row tail {kernel.name:28s} {level:8s} "
+           f"{len(decisions)} distinct schedules of {len(SEEDS)} seeds bit-exact")
+
+
 def test_default_knobs_are_honoured_and_fit_the_registers():
     """default_knobs picks tile counts that divide the block counts (so the schedule uses
     them as given), whole int32x4 output rows, and a K loop that fits the register file;
@@ -481,8 +510,9 @@ def _check_selected(run_funcs, level, cases, knobs_by_tag, seed, lib, select):
 # take the level's one-row kernel (kernels.select with rows = 1). Cases: read in place
 # with whole 16-byte row loads and with a K tail (dotprod: K = 200 is 50 steps of 4), the
 # widest K loop (30 column blocks: 10 tiles at dotprod, 5 at neon), K below DIRECT_MIN_K
-# over more than DIRECT_MAX_PASSES column passes and K no multiple of kr (packed A), a 1x1 conv on a 1x1 image, a 3x3 VALID
-# conv whose output is one pixel (kernel rows read in place), a clamp.
+# over more than DIRECT_MAX_PASSES column passes and K no multiple of kr (packed A), a
+# 1x1 conv on a 1x1 image, a 3x3 VALID conv whose output is one pixel (kernel rows read
+# in place), a clamp.
 ONE_ROW_CASES = [
     Case("one_row_k256_n120", S.dense(1, 256, 120), in_zp=-128, out_zp=3),
     Case("one_row_k200_n40_tail", S.dense(1, 200, 40), in_zp=17, out_zp=-9),
