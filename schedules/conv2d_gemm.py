@@ -400,6 +400,11 @@ DIRECT_MAX_PASSES = 4
 
 # Largest row tail, as a share of mr, that ``tail_kernel`` runs one row at a time rather
 # than padding up to a whole micro-tile: each tail row costs a K loop over all of B.
+# Measured on the 7x7 pointwise layers (M = 49, one tail row; corrected tflite/tvm_armq,
+# padded -> tail): neon 0.971-0.981 -> 1.031-1.036 (the one-row K loop costs what a row of
+# the 4-row one does), dotprod 0.963-0.996 -> 1.065-1.088 (with the 48 main rows now read
+# in place). Two rows (M % 4 = 2) cost at most two such rows against four padded, and
+# are tested but not measured on a real layer; three are left padded.
 TAIL_MAX_SHARE = 0.5
 TAIL = "_tail"  # suffix of a row tail's stage names (A_packed_tail, gemm_tail, output_tail)
 

@@ -13,7 +13,8 @@ hot loop is a whole tile: its K steps, then its requantization and stores. The s
 figure, "K run", prices only the K steps of that loop: its instructions from the first
 multiply-accumulate to the last (the loads between them, and whatever else the compiler
 scheduled in between), as llvm-mca prices any block. Where the loop is the K loop itself,
-the two figures are the same.
+the two figures agree to a fraction of a percent (the run leaves out the loads before the
+first multiply-accumulate and the loop's own branch).
 
 Levels, MAC instructions and core models (armperf's):
 
