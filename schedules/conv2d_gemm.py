@@ -691,9 +691,9 @@ def conv2d_gemm_func(shape: Conv2DShape, mr_nr_kr, *, kernel=None, **quant):
 
 def merge_outputs(func):
     """``func`` with a row tail's two output buffers (``conv2d_gemm_te``: ``output`` and
-    ``output_tail``) joined into one ``output`` of all M rows, whose last rows
-    ``output_tail`` becomes a view of (a match_buffer of the root block); ``func`` itself
-    when it has no row tail. For a scheduled func: no schedule primitive runs after it."""
+    ``output_tail``) joined into one ``output`` of all M rows; ``output_tail`` becomes a
+    view of its last rows (a match_buffer of the root block). ``func`` itself when it has
+    no row tail. Meant for a scheduled func: no schedule primitive may run after it."""
     import tvm
     import tvm_ffi
     from tvm import s_tir, tirx
@@ -947,15 +947,7 @@ def schedule_conv2d_gemm(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    wants = {"m_tiles": knobs.m_tiles, "n_tiles": knobs.n_tiles, "k_unroll": knobs.k_unroll}
-
-    def fixed_tile(loop, knob):
-        # Knobs must divide the block counts: a ragged split puts a predicate on the block,
-        # which the micro-kernel's pattern does not match. Each is cut to the largest
-        # divisor not above it (the autotuner samples perfect tiles in the first place).
-        return [None, _largest_divisor(sch.get(loop).extent.value, wants[knob])]
-
-    _schedule_body(sch, kernel, target, fixed_tile, parallel=knobs.parallel,
+    _schedule_body(sch, kernel, target, _fixed_tiles(sch, knobs), parallel=knobs.parallel,
                    vector_epilogue=knobs.vector_epilogue)
     _schedule_tail(sch, kernel, target, parallel=knobs.parallel)
     return merge_outputs(sch.mod["main"])
@@ -1001,6 +993,19 @@ def sample_conv2d_gemm(sch, kernel, target, *, parallel: bool = True) -> None:
     _schedule_tail(sch, kernel, target, parallel=parallel)
 
 
+def _fixed_tiles(sch, knobs: GemmKnobs):
+    """The ``tile`` function of ``_schedule_body`` for fixed ``knobs``. Knobs must divide
+    the block counts: a ragged split puts a predicate on the block, which the
+    micro-kernel's pattern does not match. Each is cut to the largest divisor not above it
+    (the autotuner samples perfect tiles in the first place)."""
+    wants = {"m_tiles": knobs.m_tiles, "n_tiles": knobs.n_tiles, "k_unroll": knobs.k_unroll}
+
+    def fixed_tile(loop, knob):
+        return [None, _largest_divisor(sch.get(loop).extent.value, wants[knob])]
+
+    return fixed_tile
+
+
 def _stage_names(sch) -> list[str]:
     return [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
 
@@ -1015,14 +1020,10 @@ def _schedule_tail(sch, kernel, target, *, parallel: bool) -> None:
     twin = kernels.one_row_twin(kernel)
     direct = "A_packed" + TAIL not in _stage_names(sch)
     # the tail GEMM's block counts: loops (g, mb, nb, mr, nr, [runs,] kb, kr)
-    extents = [sch.get(loop).extent.value for loop in sch.get_loops(sch.get_sblock("gemm" + TAIL))]
-    knobs = _knobs(twin, extents[1], extents[2], extents[-2], direct, parallel)
-    wants = {"m_tiles": knobs.m_tiles, "n_tiles": knobs.n_tiles, "k_unroll": knobs.k_unroll}
-
-    def fixed_tile(loop, knob):
-        return [None, _largest_divisor(sch.get(loop).extent.value, wants[knob])]
-
-    _schedule_body(sch, twin, target, fixed_tile, parallel=parallel,
+    loops = sch.get_loops(sch.get_sblock("gemm" + TAIL))
+    _, mb, nb, *_, kb, _ = (sch.get(loop).extent.value for loop in loops)
+    knobs = _knobs(twin, mb, nb, kb, direct, parallel)
+    _schedule_body(sch, twin, target, _fixed_tiles(sch, knobs), parallel=parallel,
                    vector_epilogue=knobs.vector_epilogue, suffix=TAIL)
 
 
