@@ -66,6 +66,11 @@ CASES = [
          in_zp=25, out_zp=-2),
     Case("6ch_5x3_wide_row", S(1, 6, 21, 6, 12, 5, 3, padding=(2, 1, 2, 1)), in_zp=-60,
          out_zp=11, act_range=(-128, 90)),
+    # 7x7 kernels: a ResNet-style RGB stem (stride 2, SAME: row-blocked K), and 8 channels
+    # (K = 392 packed densely, whole K blocks at every level)
+    Case("7x7_rgb_stem_s2", S(1, 15, 14, 3, 8, 7, 7, strides=(2, 2), padding=(3, 3, 3, 3)),
+         in_zp=-11, out_zp=6),
+    Case("7x7_same_c8", S(1, 9, 8, 8, 12, 7, 7, padding=(3, 3, 3, 3)), in_zp=50, out_zp=-20),
 ]
 # Macro tiles of several micro-tiles, K unrolling: the knobs must not change any result.
 KNOBS = {"reference": cg.GemmKnobs(), "best": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
@@ -369,7 +374,7 @@ DIRECT_CASES = [
     # kh x kw convolutions read in place (``direct_window``: one run of kw * C input bytes
     # per kernel row, micro-tiles along output rows): padded (the bordered copy) and not,
     # strided, rows dilated, runs with a K tail (20, 24 bytes), one kernel row (1x7),
-    # 1x1 with stride 2, several images.
+    # 1x1 with stride 2, several images, a 7x7 kernel (seven runs of 112 bytes).
     Case("direct_3x3_c16_same", S(1, 8, 8, 16, 20, 3, 3, padding=(1, 1, 1, 1)), in_zp=-9,
          out_zp=4),
     Case("direct_3x3_s2_c32", S(1, 9, 16, 32, 8, 3, 3, strides=(2, 2), padding=(0, 0, 1, 1)),
@@ -381,10 +386,12 @@ DIRECT_CASES = [
     Case("direct_1x1_s2_c24", S(1, 8, 16, 24, 8, 1, 1, strides=(2, 2)), in_zp=60, out_zp=9),
     Case("direct_1x1_s2_c32", S(1, 8, 16, 32, 12, 1, 1, strides=(2, 2)), in_zp=-60,
          out_zp=2),
+    Case("direct_7x7_c16_same", S(1, 7, 8, 16, 8, 7, 7, padding=(3, 3, 3, 3)), in_zp=-2,
+         out_zp=-9),
 ]
 # neon's kernel takes K in blocks of 16 (kr): the runs of A must be two or more of them,
-# which 8 cases are; dotprod's (kr = 4) takes every case.
-DIRECT_LEVELS = {"neon": 8, "dotprod": len(DIRECT_CASES)}
+# which 9 cases are; dotprod's (kr = 4) takes every case.
+DIRECT_LEVELS = {"neon": 9, "dotprod": len(DIRECT_CASES)}
 DIRECT_KNOBS = {"default": None, "tiles": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
 
 
