@@ -32,6 +32,7 @@ class Case:
     in_zp: int
     out_zp: int
     act_range: tuple[int, int] = (-128, 127)
+    per_tensor: bool = False  # one scale for every output channel (else one per channel)
 
 
 S = cg.Conv2DShape
@@ -71,6 +72,10 @@ CASES = [
     Case("7x7_rgb_stem_s2", S(1, 15, 14, 3, 8, 7, 7, strides=(2, 2), padding=(3, 3, 3, 3)),
          in_zp=-11, out_zp=6),
     Case("7x7_same_c8", S(1, 9, 8, 8, 12, 7, 7, padding=(3, 3, 3, 3)), in_zp=50, out_zp=-20),
+    # one scale for the whole layer (per-tensor quantization)
+    Case("per_tensor_3x3", S(1, 6, 7, 8, 12, 3, 3, padding=(1, 1, 1, 1)), in_zp=-30,
+         out_zp=10, per_tensor=True),
+    Case("per_tensor_dense", S.dense(5, 40, 24), in_zp=0, out_zp=-128, per_tensor=True),
 ]
 # Macro tiles of several micro-tiles, K unrolling: the knobs must not change any result.
 KNOBS = {"reference": cg.GemmKnobs(), "best": cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)}
@@ -89,11 +94,14 @@ def _case_data(case: Case, seed: int, kernel, zero_shifts: bool = False):
     weight = rng.integers(-127, 127, (s.kh, s.kw, s.group_in_c, s.out_c), endpoint=True,
                           dtype=np.int8)
     bias = rng.integers(-20000, 20000, s.out_c).astype(np.int32)
-    # Per-channel scales chosen so outputs spread over the int8 range, not saturate.
+    # Scales chosen so outputs spread over the int8 range, not saturate.
     acc = ref.conv2d_nhwc(data, weight, bias, in_zp=case.in_zp, strides=s.strides,
                           dilation=s.dilation, padding=s.padding, groups=s.groups)
     spread = np.maximum(np.abs(acc).reshape(-1, s.out_c).max(axis=0), 1)
-    scales = rng.uniform(60, 160, s.out_c) / spread
+    if case.per_tensor:  # the layer's scale, repeated for the epilogue's per-channel inputs
+        scales = np.full(s.out_c, rng.uniform(60, 160) / spread.max())
+    else:
+        scales = rng.uniform(60, 160, s.out_c) / spread
     mult, shift = requant.quantize_multipliers(scales)
     if zero_shifts:
         mult[::2], shift[::2] = 1 << 30, 0
