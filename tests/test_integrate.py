@@ -71,6 +71,17 @@ def test_inspect_names_the_kernel_of_every_layer(zoo_model, level, kernel, one_r
                      "mean": {"mean_s8_tflite"}}
 
 
+def test_inspect_names_row_tails(zoo_model):
+    """MobileNetV1's 7x7 pointwise layers (M = 49) run their last row through the one-row
+    twin at dotprod, and the log names it; no other layer has a row tail."""
+    report = tvm_armq.inspect(zoo_model("mobilenet_v1_1.0"), "dotprod")
+    tails = {r.in_shape: r.tail for r in report if r.op == "conv2d"}
+    assert tails[(1, 7, 7, 512)] == tails[(1, 7, 7, 1024)] == "gemm_s8s8s32_1x4x4_dotprod"
+    assert [s for s, t in tails.items() if t] == [(1, 7, 7, 512), (1, 7, 7, 1024)]
+    line = next(r.line() for r in report if r.op == "conv2d" and r.tail)
+    assert "gemm_s8s8s32_4x4x4_dotprod + gemm_s8s8s32_1x4x4_dotprod for the last rows" in line
+
+
 def test_inspect_cli(zoo_model, capsys):
     assert cli.main(["inspect", str(zoo_model("logistic")), "--isa", "neon"]) == 0
     out = capsys.readouterr().out
