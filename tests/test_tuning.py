@@ -267,8 +267,9 @@ def test_device_dying_mid_tuning_fails_its_trials_and_the_run_ends(tmp_path, zoo
 
 # A fresh process (`compile --tuning DIR` on another day) must replay traces that tensorize
 # with intrinsics registered on demand: the dotprod direct-read form of a 3x3 layer and
-# neon's whole-K form. The database is written here as tune writes it; the child process
-# only loads it and schedules.
+# neon's whole-K form, and a 7x7 pointwise layer whose row tail runs the one-row twin (its
+# outputs merged into one). The database is written here as tune writes it; the child
+# process only loads it and schedules.
 _REPLAY_CHILD = """
 import sys, tvm
 from tvm_armq import tuning
@@ -279,6 +280,8 @@ for path, level in zip(sys.argv[2::2], sys.argv[3::2]):
     scheduled = tuning.schedule_from_database(db, func, level)
     assert scheduled is not None, level
     assert "llvm.aarch64.neon" in scheduled.script(), (level, "not tensorized")
+    names = [p.name for p in scheduled.params]
+    assert names[-1] == "output" and "output_tail" not in names, names
 print("replayed")
 """
 
@@ -291,9 +294,11 @@ def test_stored_traces_replay_in_a_fresh_process(tmp_path):
     work = tmp_path / "db"
     work.mkdir()
     db = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
-    shape = cg.Conv2DShape(1, 8, 8, 16, 16, 3, 3, padding=(1, 1, 1, 1))
+    conv = cg.Conv2DShape(1, 8, 8, 16, 16, 3, 3, padding=(1, 1, 1, 1))
+    pointwise = cg.Conv2DShape(1, 7, 7, 64, 40, 1, 1)
     args = []
-    for level in ("dotprod", "neon"):
+    for shape, level in [(conv, "dotprod"), (conv, "neon"), (pointwise, "dotprod"),
+                         (pointwise, "neon")]:
         target = build.resolve_target(level)
         kernel = kernels.select(target, "int8", "int8")
         func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
@@ -305,7 +310,7 @@ def test_stored_traces_replay_in_a_fresh_process(tmp_path):
         db.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, entry, [1e-3], tvm.target.Target(target),
             ms.arg_info.ArgInfo.from_prim_func(workload["main"])))
-        path = tmp_path / f"{level}.json"
+        path = tmp_path / f"{level}_{len(args)}.json"
         path.write_text(tvm.ir.save_json(tvm.IRModule({"main": func})))
         args += [str(path), level]
     tuning._write_summary(tuning.TuningSummary(
@@ -313,3 +318,53 @@ def test_stored_traces_replay_in_a_fresh_process(tmp_path):
     res = subprocess.run([sys.executable, "-c", _REPLAY_CHILD, str(work), *args],
                          capture_output=True, text=True, timeout=600)
     assert res.returncode == 0 and "replayed" in res.stdout, res.stderr[-3000:]
+
+
+@pytest.mark.device
+def test_tuning_a_layer_with_a_row_tail(tmp_path, devices, report):
+    """A 7x7 pointwise layer at dotprod (M = 49: a row tail through the one-row twin) tunes
+    with every trial measured, and its best schedule, outputs merged, is bit-exact on the
+    device against the NumPy reference."""
+    import tvm
+
+    from tvm_armq.schedules import reference as ref
+
+    level = "dotprod"
+    target = build.resolve_target(level)
+    shape = cg.Conv2DShape(1, 7, 7, 32, 24, 1, 1)
+    kernel = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
+    assert cg.tail_kernel(shape, kernel) is not None
+    in_zp, out_zp = -5, 3
+    func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
+                               in_zp=in_zp, out_zp=out_zp, act_range=(-128, 127))
+    trials = 2
+    summary = tuning.tune([tuning.Task("pointwise_7x7", func, kernel)], level,
+                          work_dir=tmp_path, trials=trials, batch=trials, progress=False,
+                          seed=0)
+    (result,) = summary.tasks
+    assert (result.trials, result.failed) == (trials, 0), result.errors
+    best = tuning.schedule_from_database(tuning.load_database(tmp_path), func, target)
+    assert [p.name for p in best.params][-1] == "output"
+
+    rng = np.random.default_rng(4)
+    x = rng.integers(-128, 127, (1, 7, 7, 32), endpoint=True, dtype=np.int8)
+    w = rng.integers(-127, 127, (1, 1, 32, 24), endpoint=True, dtype=np.int8)
+    bias = rng.integers(-5000, 5000, 24).astype(np.int32)
+    acc = ref.conv2d_nhwc(x, w, bias, in_zp=in_zp)
+    mult, shift = requant.quantize_multipliers(rng.uniform(60, 160, 24) / np.abs(acc).max())
+    expected = ref.requantize(acc, mult, shift, out_zp, -128, 127, "int8")
+    lib = build.export_aarch64(tvm.compile(tvm.IRModule({"best": best.with_attr(
+        "global_symbol", "best")}), target=target), tmp_path / "tail_tuned.so")
+    sess = devices.session(level)
+    sess.upload(str(lib))
+    dev = sess.cpu(0)
+    args = [x, cg.pack_weights(w, (kernel.mr, kernel.nr, kernel.kr)),
+            cg.fold_bias(w, bias, in_zp), mult.astype(np.int32), shift.astype(np.int32),
+            np.zeros((49, 1, 24), np.int8)]
+    args = [tvm.runtime.tensor(a, dev) for a in args]
+    sess.load_module(lib.name)["best"](*args)
+    got = args[-1].numpy().reshape(expected.shape)
+    assert len(np.unique(expected)) > 8
+    np.testing.assert_array_equal(got, expected)
+    report(f"tuned conv2d_gemm {kernel.name:28s} {level:8s} 7x7 pointwise with a row tail: "
+           f"{trials} trials, best bit-exact")
