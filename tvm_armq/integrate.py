@@ -410,9 +410,9 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         scheduled = tuning.schedule_from_database(database, func, target)
     tuned = scheduled is not None
     if not tuned:
-        scheduled = cg.schedule_conv2d_gemm(func, kernel, target,
-                                            cg.default_knobs(shape, kernel)) if schedule else \
-            cg.merge_outputs(func)
+        knobs = cg.default_knobs(shape, kernel)
+        scheduled = (cg.schedule_conv2d_gemm(func, kernel, target, knobs) if schedule
+                     else cg.merge_outputs(func))
     consts = [cg.pack_weights(w_hwio, tile, shape.groups),
               cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
     data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]

@@ -685,7 +685,8 @@ def schedule_from_database(database, func, target):
     ``target``, or None when ``database`` has no measured record of that workload there.
 
     The result is ``func`` scheduled by replaying the record's trace, with ``func``'s own
-    attributes (symbol name included).
+    attributes (symbol name included) and a row tail's outputs merged into one
+    (``conv2d_gemm.merge_outputs``).
     """
     import tvm
     from tvm import s_tir
