@@ -358,28 +358,39 @@ def _same_but(a: Kernel, b: Kernel, field: str) -> bool:
 
 
 # ------------------------------------------------------------- desc / impl
-def _block_func(kernel: Kernel, name: str, body):
-    """A PrimFunc with the signature of the block form; ``body(A, B, C)`` fills it."""
+def _intrin_func(kernel: Kernel, name: str, a_shape, b_shape, c_shape, body):
+    """A PrimFunc with a TensorIntrin's signature (a, b, c): A and B packed operands of
+    the given shapes, C the accumulators, any strides but a unit innermost one; its root
+    block reads all of C, A and B and writes all of C, and ``body(A, B, C)`` fills it.
+    The block, whole-K and direct-read forms differ only in these shapes."""
     from tvm.script import tirx as T
     from tvm.script.ir_builder import IRBuilder
     from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
 
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    def whole(buf, shape):
+        return buf[tuple(slice(0, d) for d in shape)]
+
     with IRBuilder() as ib:
         with ir_prim_func():
             T.func_name(name)
             a = T.arg("a", T.handle())
             b = T.arg("b", T.handle())
             c = T.arg("c", T.handle())
-            A = T.match_buffer(a, (mr, kr), kernel.a_dtype, offset_factor=1)
-            B = T.match_buffer(b, (nr, kr), kernel.b_dtype, offset_factor=1)
-            C = T.match_buffer(c, (mr, nr), kernel.acc_dtype, offset_factor=1,
-                               strides=[T.int32(), 1])
+            A = T.match_buffer(a, a_shape, kernel.a_dtype, offset_factor=1)
+            B = T.match_buffer(b, b_shape, kernel.b_dtype, offset_factor=1)
+            C = T.match_buffer(c, c_shape, kernel.acc_dtype, offset_factor=1,
+                               strides=[T.int32() for _ in c_shape[1:]] + [1])
             with T.sblock("root"):
-                T.reads(C[0:mr, 0:nr], A[0:mr, 0:kr], B[0:nr, 0:kr])
-                T.writes(C[0:mr, 0:nr])
+                T.reads(whole(C, c_shape), whole(A, a_shape), whole(B, b_shape))
+                T.writes(whole(C, c_shape))
                 body(A, B, C)
     return ib.get()
+
+
+def _block_func(kernel: Kernel, name: str, body):
+    """A PrimFunc with the signature of the block form: A[mr, kr], B[nr, kr], C[mr, nr]."""
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    return _intrin_func(kernel, name, (mr, kr), (nr, kr), (mr, nr), body)
 
 
 def _bind_iters(T, spatial, reduce) -> tuple[list, list]:
@@ -470,27 +481,9 @@ def k_loop_name(kernel: Kernel, k_blocks: int) -> str:
 
 
 def _k_loop_func(kernel: Kernel, k_blocks: int, name: str, body):
-    """A PrimFunc with the signature of the whole-K form; ``body(A, B, C)`` fills it."""
-    from tvm.script import tirx as T
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
-
+    """A PrimFunc with the signature of the whole-K form: ``k_blocks`` blocks of A and B."""
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    with IRBuilder() as ib:
-        with ir_prim_func():
-            T.func_name(name)
-            a = T.arg("a", T.handle())
-            b = T.arg("b", T.handle())
-            c = T.arg("c", T.handle())
-            A = T.match_buffer(a, (k_blocks, mr, kr), kernel.a_dtype, offset_factor=1)
-            B = T.match_buffer(b, (k_blocks, nr, kr), kernel.b_dtype, offset_factor=1)
-            C = T.match_buffer(c, (mr, nr), kernel.acc_dtype, offset_factor=1,
-                               strides=[T.int32(), 1])
-            with T.sblock("root"):
-                T.reads(C[0:mr, 0:nr], A[0:k_blocks, 0:mr, 0:kr], B[0:k_blocks, 0:nr, 0:kr])
-                T.writes(C[0:mr, 0:nr])
-                body(A, B, C)
-    return ib.get()
+    return _intrin_func(kernel, name, (k_blocks, mr, kr), (k_blocks, nr, kr), (mr, nr), body)
 
 
 def desc_k_loop(kernel: Kernel, k_blocks: int):
@@ -602,38 +595,14 @@ def direct_name(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
     return f"{kernel.name}__direct_{window.tag}_n{n_tiles}"
 
 
-def _direct_buffers(T, kernel: Kernel, window: DirectWindow, n_tiles: int, a, b, c):
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    # A: the flat window of the input holding the mr rows (``DirectWindow``), so the GEMM
-    # may index the NHWC input by flat offset. B: n_tiles packed column blocks over the
-    # whole K loop. C: n_tiles row-major [mr, nr] windows, any strides.
-    A = T.match_buffer(a, (window.extent(mr),), kernel.a_dtype, offset_factor=1)
-    B = T.match_buffer(b, (n_tiles, window.k // kr, nr, kr), kernel.b_dtype, offset_factor=1)
-    C = T.match_buffer(c, (n_tiles, mr, nr), kernel.acc_dtype, offset_factor=1,
-                       strides=[T.int32(), T.int32(), 1])
-    return A, B, C
-
-
 def _direct_func(kernel: Kernel, window: DirectWindow, n_tiles: int, name: str, body):
-    """A PrimFunc with the signature of the direct-read form; ``body(A, B, C)`` fills it."""
-    from tvm.script import tirx as T
-    from tvm.script.ir_builder import IRBuilder
-    from tvm.script.ir_builder.tirx import prim_func as ir_prim_func
-
+    """A PrimFunc with the signature of the direct-read form. A: the flat window of the
+    input holding the mr rows (``DirectWindow``), so the GEMM may index the NHWC input by
+    flat offset. B: n_tiles packed column blocks over the whole K loop. C: n_tiles
+    row-major [mr, nr] windows."""
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    with IRBuilder() as ib:
-        with ir_prim_func():
-            T.func_name(name)
-            a = T.arg("a", T.handle())
-            b = T.arg("b", T.handle())
-            c = T.arg("c", T.handle())
-            A, B, C = _direct_buffers(T, kernel, window, n_tiles, a, b, c)
-            with T.sblock("root"):
-                T.reads(C[0:n_tiles, 0:mr, 0:nr], A[0:window.extent(mr)],
-                        B[0:n_tiles, 0:window.k // kr, 0:nr, 0:kr])
-                T.writes(C[0:n_tiles, 0:mr, 0:nr])
-                body(A, B, C)
-    return ib.get()
+    return _intrin_func(kernel, name, (window.extent(mr),), (n_tiles, window.k // kr, nr, kr),
+                        (n_tiles, mr, nr), body)
 
 
 def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
