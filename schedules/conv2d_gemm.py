@@ -1015,10 +1015,11 @@ def _schedule_tail(sch, kernel, target, *, parallel: bool) -> None:
     kernel's one-row twin and the knobs ``default_knobs`` gives it."""
     from tvm_armq.intrinsics import kernels
 
-    if "gemm" + TAIL not in _stage_names(sch):
+    names = _stage_names(sch)
+    if "gemm" + TAIL not in names:
         return
     twin = kernels.one_row_twin(kernel)
-    direct = "A_packed" + TAIL not in _stage_names(sch)
+    direct = "A_packed" + TAIL not in names
     # the tail GEMM's block counts: loops (g, mb, nb, mr, nr, [runs,] kb, kr)
     loops = sch.get_loops(sch.get_sblock("gemm" + TAIL))
     _, mb, nb, *_, kb, _ = (sch.get(loop).extent.value for loop in loops)
@@ -1087,9 +1088,9 @@ def _schedule_body(sch, kernel, target, tile, *, parallel: bool, vector_epilogue
     # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
     if a_packed is not None:
         sch.vectorize(sch.get_loops(a_packed)[-1])
-    stages = {sch.get(b).name_hint: b for b in sch.get_child_blocks(sch.get_sblock("root"))}
-    if suffix:  # the input copies are the main GEMM's to schedule
-        stages = {}
+    # the input copies (ROWS_STAGE, data_padded) are the main GEMM's to schedule
+    stages = {} if suffix else {sch.get(b).name_hint: b
+                                for b in sch.get_child_blocks(sch.get_sblock("root"))}
     if ROWS_STAGE in stages:
         _schedule_rows_copy(sch, stages[ROWS_STAGE], parallel)
     if "data_padded" in stages:  # the bordered input copy: rows in parallel, channels in vectors
