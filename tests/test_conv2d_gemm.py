@@ -260,37 +260,50 @@ SAMPLED_CASE = Case("sampled_3x3", S(1, 8, 7, 8, 16, 3, 3, padding=(1, 1, 1, 1))
 SEEDS = range(1, 7)
 
 
-def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
-    """``sample_conv2d_gemm`` with several seeds: the traces differ (the knobs are sampled),
-    each candidate is tensorized with the level's kernel, and every one is bit-exact."""
+def _check_sampled(run_funcs, level, case, kernel, data_seed, lib, check_trace=None) -> int:
+    """Sample the design space of ``case`` (built with ``kernel``) once per seed of SEEDS,
+    each candidate's outputs merged as ``tuning.schedule_from_database`` merges them;
+    ``check_trace(trace)`` sees each trace. The traces must differ, and every candidate
+    must run the kernel's instructions and be bit-exact. Returns the distinct schedules."""
     from tvm import s_tir
 
     target = build.resolve_target(level)
-    kernel = kernels.select(target, "int8", "int8")
-    c = SAMPLED_CASE
-    func = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
-                               out_zp=c.out_zp, act_range=c.act_range)
+    func = cg.conv2d_gemm_func(case.shape, _tile(kernel), kernel=kernel, in_zp=case.in_zp,
+                               out_zp=case.out_zp, act_range=case.act_range)
     assert func.attrs[cg.ATTR_OP] == "conv2d_gemm" and func.attrs[cg.ATTR_KERNEL] == kernel.name
     funcs, decisions = {}, set()
     for seed in SEEDS:
         sch = s_tir.Schedule(func, seed=seed)
         cg.sample_conv2d_gemm(sch, kernel, target)
-        trace = sch.trace
-        kinds = [inst.kind.name for inst in trace.insts]
-        # m_tiles, n_tiles and k_unroll; no k_unroll where the kernel takes the whole K loop
-        knobs = 2 if kernels.has_k_loop(kernel) else 3
-        assert kinds.count("SamplePerfectTile") == knobs and "Tensorize" in kinds, kinds
-        decisions.add(tuple(tuple(int(x) for x in d) for d in trace.decisions.values()))
-        funcs[f"seed{seed}"] = sch.mod["main"]
+        if check_trace is not None:
+            check_trace(sch.trace)
+        decisions.add(tuple(tuple(int(x) for x in d) for d in sch.trace.decisions.values()))
+        funcs[f"seed{seed}"] = cg.merge_outputs(sch.mod["main"])
     assert len(decisions) > 1, f"{len(SEEDS)} seeds sampled one and the same schedule"
-    args, expected = _case_data(c, 0, kernel)
-    asm, outs = run_funcs(level, funcs, [(name, args, _out_shape(c.shape), np.int8)
-                                         for name in funcs], tmp_path / "sampled.so")
+    args, expected = _case_data(case, data_seed, kernel)
+    asm, outs = run_funcs(level, funcs, [(name, args, _out_shape(case.shape), np.int8)
+                                         for name in funcs], lib)
     assert all(ins in asm for ins in kernel.instructions)
     for name, out in zip(funcs, outs):
         np.testing.assert_array_equal(out.reshape(expected.shape), expected,
                                       err_msg=f"{name} at {level}")
-    report(f"conv2d_gemm sampled {kernel.name:28s} {level:8s} {len(decisions)} distinct "
+    return len(decisions)
+
+
+def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
+    """``sample_conv2d_gemm`` with several seeds: the traces differ (the knobs are sampled),
+    each candidate is tensorized with the level's kernel, and every one is bit-exact."""
+    kernel = kernels.select(build.resolve_target(level), "int8", "int8")
+
+    def check_trace(trace):
+        kinds = [inst.kind.name for inst in trace.insts]
+        # m_tiles, n_tiles and k_unroll; no k_unroll where the kernel takes the whole K loop
+        knobs = 2 if kernels.has_k_loop(kernel) else 3
+        assert kinds.count("SamplePerfectTile") == knobs and "Tensorize" in kinds, kinds
+
+    distinct = _check_sampled(run_funcs, level, SAMPLED_CASE, kernel, 0,
+                              tmp_path / "sampled.so", check_trace)
+    report(f"conv2d_gemm sampled {kernel.name:28s} {level:8s} {distinct} distinct "
            f"schedules of {len(SEEDS)} seeds bit-exact")
 
 
@@ -298,29 +311,13 @@ def test_sample_conv2d_gemm_with_row_tail_on_device(run_funcs, level, tmp_path, 
     """The design space of a 7x7 pointwise layer: the main GEMM's knobs are sampled, its row
     tail (neon, dotprod) keeps its default knobs, and each candidate, its outputs merged
     as ``tuning.schedule_from_database`` merges them, is bit-exact."""
-    from tvm import s_tir
-
     target = build.resolve_target(level)
     c = Case("sampled_7x7_tail", S(1, 7, 7, 48, 24, 1, 1), in_zp=9, out_zp=-6)
     kernel = kernels.select(target, "int8", "int8", rows=c.shape.gemm_m, depth=c.shape.gemm_k)
     assert (cg.tail_kernel(c.shape, kernel) is not None) == (level != "i8mm")
-    func = cg.conv2d_gemm_func(c.shape, _tile(kernel), kernel=kernel, in_zp=c.in_zp,
-                               out_zp=c.out_zp, act_range=c.act_range)
-    funcs, decisions = {}, set()
-    for seed in SEEDS:
-        sch = s_tir.Schedule(func, seed=seed)
-        cg.sample_conv2d_gemm(sch, kernel, target)
-        decisions.add(tuple(tuple(int(x) for x in d) for d in sch.trace.decisions.values()))
-        funcs[f"seed{seed}"] = cg.merge_outputs(sch.mod["main"])
-    assert len(decisions) > 1, f"{len(SEEDS)} seeds sampled one and the same schedule"
-    args, expected = _case_data(c, 1, kernel)
-    _, outs = run_funcs(level, funcs, [(name, args, _out_shape(c.shape), np.int8)
-                                       for name in funcs], tmp_path / "sampled_tail.so")
-    for name, out in zip(funcs, outs):
-        np.testing.assert_array_equal(out.reshape(expected.shape), expected,
-                                      err_msg=f"{name} at {level}")
+    distinct = _check_sampled(run_funcs, level, c, kernel, 1, tmp_path / "sampled_tail.so")
     report(f"conv2d_gemm sampled with row tail {kernel.name:28s} {level:8s} "
-           f"{len(decisions)} distinct schedules of {len(SEEDS)} seeds bit-exact")
+           f"{distinct} distinct schedules of {len(SEEDS)} seeds bit-exact")
 
 
 def test_default_knobs_are_honoured_and_fit_the_registers():
