@@ -320,7 +320,7 @@ def channel_block(channels: int) -> int:
     return max(d for d in range(1, min(channels, LANES) + 1) if channels % d == 0)
 
 
-def _elementwise_schedule(func):
+def elementwise_schedule(func):
     """One block over the output: outer axes fused and parallel; the last axis in 16-lane
     vectors, and its remainder (last % 16) as one narrower vector."""
     from tvm import s_tir
@@ -381,7 +381,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
                            *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name="add")
-    return _finish((a, b, out), schedule, _elementwise_schedule)
+    return _finish((a, b, out), schedule, elementwise_schedule)
 
 
 def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
@@ -404,7 +404,7 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         return _clamp_cast(r, *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
-    return _finish((a, b, out), schedule, _elementwise_schedule)
+    return _finish((a, b, out), schedule, elementwise_schedule)
 
 
 # ----------------------------------------------------------------------------- requantize
@@ -427,7 +427,7 @@ def requantize_func(shape, in_q, out_q, in_dtype: str = "int8", out_dtype: str =
         return _clamp_cast(r, int(info.min), int(info.max), out_dtype)
 
     out = te.compute(tuple(shape), element, name="requantize")
-    return _finish((x, out), schedule, _elementwise_schedule)
+    return _finish((x, out), schedule, elementwise_schedule)
 
 
 # ----------------------------------------------------------------------------- CONCATENATION

@@ -8,9 +8,9 @@ tvm_armq kernel calls, the weights re-laid as constants) and then TVM's own pipe
 unchanged. For any other target it is TVM's pipeline and nothing else, so x86, CUDA or
 a C-source build compile exactly as they would without tvm_armq.
 
-``install()`` also lets TVM's TFLite frontend import quantized PAD / PADV2, which it
-refuses by default although its converter already does the right integer thing (pad the
-int8 tensor with its zero point: no dequantize, nothing to round).
+``install()`` also extends TVM's TFLite frontend (``frontend.py``): quantized ops that
+only move int8 bytes (PAD, SHAPE, STRIDED_SLICE, ...) import, a RESHAPE to a computed
+shape folds to its static one, and each operator's result is named after it.
 
 This is the Relax-era place of what the Relay design did with a conv2d strategy and an
 alter-op-layout hook: dispatch and the compile-time weight transform both happen in the
@@ -37,24 +37,15 @@ def stock_pipeline():
     return getattr(entry, _MARK, entry)()
 
 
-# Quantized TFLite ops the frontend converts exactly but lists as unsupported.
-FRONTEND_EXACT_QUANTIZED_OPS = frozenset({"PAD", "PADV2"})
-
-
-def _extend_tflite_frontend() -> None:
-    from tvm.relax.frontend.tflite import tflite_frontend
-
-    conv = tflite_frontend.OperatorConverter
-    conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | FRONTEND_EXACT_QUANTIZED_OPS
-
-
 def install() -> None:
-    """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline and let
-    the TFLite frontend import quantized PAD (both idempotent)."""
+    """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline and
+    extend TVM's TFLite frontend (both idempotent)."""
     import tvm
     from tvm.relax import pipeline
 
-    _extend_tflite_frontend()
+    from . import frontend
+
+    frontend.extend()
     original = pipeline.PIPELINE_MAP["default"]
     if hasattr(original, _MARK):
         return

@@ -472,6 +472,20 @@ def _act_before(graph: _Graph, y):
     return y, ACT_NONE
 
 
+def _quantized_operand(graph: _Graph, expr, what: str):
+    """(int8 variable or constant array, (scale, zp)) of a dequantized per-tensor operand:
+    ADD / MUL take a constant operand (a batch-norm folded to a per-channel MUL and ADD)
+    exactly as they take a tensor."""
+    deq = _dequantize_of(graph, expr)
+    value = graph.const(deq.args[0]) if deq is not None else None
+    if value is None:
+        return _quantized_var(graph, expr, what)
+    if value.dtype != np.int8:
+        raise NotInteger(f"{what} is a {value.dtype} constant (int8 only)")
+    q = _qparams(graph, deq).scalar(what)
+    return value.reshape(_shape(expr)), q
+
+
 def _quantized_var(graph: _Graph, expr, what: str):
     """(int8 variable, (scale, zp)) of ``dequantize(var)`` with per-tensor parameters."""
     deq = graph.call(expr, "relax.dequantize")
@@ -513,10 +527,18 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
 
     if op in ("add", "multiply"):
-        (a, a_q), (b, b_q) = (_quantized_var(graph, e, f"{op} input {i}")
+        (a, a_q), (b, b_q) = (_quantized_operand(graph, e, f"{op} input {i}")
                               for i, e in enumerate(core.args))
+        if isinstance(a, np.ndarray):  # TFLite's 8-bit ADD and MUL are symmetric in a, b
+            (a, a_q), (b, b_q) = (b, b_q), (a, a_q)
+        if isinstance(a, np.ndarray):
+            raise NotInteger(f"{op} of two constants")
         make = ops.add_func if op == "add" else ops.mul_func
-        func = make(_shape(a), _shape(b), out_shape, a_q, b_q, out_q, act_range)
+        func = make(_shape(a), b.shape if isinstance(b, np.ndarray) else _shape(b), out_shape,
+                    a_q, b_q, out_q, act_range)
+        if isinstance(b, np.ndarray):
+            return _KernelCall(func, op, [a], [b], out_shape,
+                               record(f"{op}_s8_tflite", [a]))
         return _KernelCall(func, op, [a, b], [], out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
@@ -549,6 +571,74 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     kernel = "concat_s8" + ("" if all(p.func is None for p in parts) else "+requantize_s8")
     return _Concat(parts, int(core.attrs.axis),
                    Lowered("concat", label, _shape(parts[0].inputs[0]), out_shape, kernel))
+
+
+def _float_const(graph: _Graph, expr) -> float | None:
+    value = graph.const(expr)
+    return float(value.reshape(())) if value is not None and value.size == 1 else None
+
+
+def _unary_of(graph: _Graph, y):
+    """(TFLite op, the ``dequantize`` call, options) if ``y`` is the frontend's float form
+    of an 8-bit unary op that ``schedules.lut`` tabulates, else None::
+
+        sigmoid(d) LOGISTIC   tanh(d) TANH   leakyrelu(d) LEAKY_RELU   relu(d) RELU
+        clip(d, 0, 6) RELU6   clip(d, -1, 1) RELU_N1_TO_1
+        divide(multiply(d, clip(add(d, 3), 0, 6)), 6) HARD_SWISH
+    """
+    simple = {"relax.sigmoid": "LOGISTIC", "relax.tanh": "TANH",
+              "relax.nn.leakyrelu": "LEAKY_RELU", "relax.nn.relu": "RELU"}
+    call = graph.call(y, *simple, "relax.clip", "relax.divide")
+    if call is None:
+        return None
+    name = call.op.name
+    if name in simple:
+        deq = graph.call(call.args[0], "relax.dequantize")
+        options = {"alpha": float(call.attrs.alpha)} if name == "relax.nn.leakyrelu" else {}
+        return (simple[name], deq, options) if deq is not None else None
+    if name == "relax.clip":
+        bounds = tuple(float(v.value) for v in call.args[1:3])
+        op = {(0.0, 6.0): "RELU6", (-1.0, 1.0): "RELU_N1_TO_1"}.get(bounds)
+        deq = graph.call(call.args[0], "relax.dequantize")
+        return (op, deq, {}) if op and deq is not None else None
+    # HARD_SWISH: x * relu6(x + 3) / 6, all on one dequantized tensor
+    product = graph.call(call.args[0], "relax.multiply")
+    if product is None or _float_const(graph, call.args[1]) != 6.0:
+        return None
+    x, relu6 = product.args
+    relu6 = graph.call(relu6, "relax.clip")
+    shifted = graph.call(relu6.args[0], "relax.add") if relu6 is not None else None
+    deq = graph.call(x, "relax.dequantize")
+    if shifted is None or deq is None or \
+            tuple(float(v.value) for v in relu6.args[1:3]) != (0.0, 6.0) or \
+            not shifted.args[0].same_as(x) or _float_const(graph, shifted.args[1]) != 3.0:
+        return None
+    return "HARD_SWISH", deq, {}
+
+
+_SHORT_DTYPE = {"int8": "s8", "uint8": "u8"}  # the naming grammar's dtype letters
+
+
+def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
+    """An 8-bit unary op as a 256-entry table of TFLite's arithmetic (``schedules.lut``)."""
+    from tvm_armq.schedules import lut
+
+    op, deq, options = unary
+    if clip is not None:
+        raise NotInteger(f"{op} followed by a clip")
+    dtype = str(quantize.attrs.out_dtype)
+    x, in_q = deq.args[0], _qparams(graph, deq).scalar("the input")
+    if graph.const(x) is not None or _dtype(x) != dtype or dtype not in lut.DTYPES:
+        raise NotInteger(f"{op} of a {_dtype(x)} input to {dtype} (8-bit tensors only)")
+    out_q = _qparams(graph, quantize).scalar("the output")
+    try:
+        table = lut.table(op, in_q, out_q, dtype, **options)
+    except ValueError as e:  # TFLite's Prepare refuses these parameters too
+        raise NotInteger(str(e)) from None
+    shape = _shape(quantize)
+    return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape,
+                       Lowered(op.lower(), label, _shape(x), shape, f"lut_{_SHORT_DTYPE[dtype]}_tflite"),
+                       dtype)
 
 
 def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
@@ -624,14 +714,18 @@ def _lowering_rewriter():
             core = self.graph.call(before, *_op_names(self.graph.defs.get(before)))
             op = core.op.name.replace("relax.", "").replace("nn.", "") if core is not None \
                 else "quantize"
-            if op in ("conv2d", "matmul") or (op == "add" and self._has_const_arm(core)):
+            if op in ("conv2d", "matmul") or (op == "add" and self._is_bias_add(core)):
                 return self._try(label, op, lambda: self._gemm(label, quantize, clip))
+            unary = _unary_of(self.graph, quantize.args[0])
+            if unary is not None:
+                return self._try(label, unary[0].lower(),
+                                 lambda: _lut(self.graph, quantize, clip, unary, label))
             return self._try(label, op, lambda: _int8_op(self.graph, quantize, clip, label))
 
-        def _has_const_arm(self, add):
-            """An add of a dequantized constant: a conv/dense's bias, not an ADD layer."""
-            deqs = (_dequantize_of(self.graph, a) for a in add.args)
-            return any(d is not None and self.graph.const(d.args[0]) is not None for d in deqs)
+        def _is_bias_add(self, add):
+            """An add whose other arm is a conv2d / matmul: a layer's bias, not an ADD."""
+            return any(self.graph.call(a, "relax.nn.conv2d", "relax.matmul") is not None
+                       for a in add.args)
 
         def _gemm(self, label, quantize, clip) -> _KernelCall:
             layer = _match_layer(self.graph, quantize, clip)

@@ -1,0 +1,271 @@
+"""Quantized 8-bit unary ops (LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU, RELU, RELU6,
+RELU_N1_TO_1) as one table lookup per element.
+
+Read this first. Every one of these TFLite operators maps one 8-bit input value to one
+8-bit output value, through arithmetic that depends only on that value and on the
+quantization parameters fixed in the model. So the whole op is a table of 256 entries:
+evaluate TFLite's own arithmetic once per possible input, at compile time, in NumPy, and
+the kernel is ``out[i] = table[x[i] - dtype_min]``. The table *is* the reference: each
+``*_table`` function below is TFLite's Prepare and Eval for that op, written out for all
+256 inputs at once, and the tests compare it with TFLite's ``BUILTIN_REF`` kernels on
+every input value for swept scales and zero points.
+
+What each table computes (``s``/``zp`` = float32 scale / zero point, ``x`` = input value,
+``M(v, m, e)`` = TFLite's MultiplyByQuantizedMultiplier, ``round`` = half away from zero):
+
+LOGISTIC, TANH (``float_table``; TFLite's reference kernels build exactly this table in
+    their Prepare, ``PopulateLookupTable``)
+    ``clamp(round(f(s_in * (x - zp_in)) * (1 / s_out)) + zp_out)``, every step in float32,
+    f = ``1 / (1 + expf(-v))`` or ``tanhf(v)``. The float functions are the C library's
+    own ``expf`` / ``tanhf`` (loaded with ctypes): TFLite calls those, so a result that
+    lies one float32 ulp from a rounding boundary rounds the same way here.
+HARD_SWISH (``hard_swish_table``; ``reference_ops::HardSwish``, int16 fixed point)
+    Prepare: ``hires = s_in / 128`` (float32); two multipliers, ``hires / s_out`` and
+    ``hires / (3 / 32768)``, each split by QuantizeMultiplier and cut to 16 bits (rounded).
+    Eval: ``v = (x - zp_in) * 128``; ``p = SRDHM16(v, m_out)``; the "relu-ish" value is
+    ``v`` rescaled so that 3.0 is 32768 (saturating), then mapped from [-1, 1] to [0, 1];
+    ``out = clamp(RDPOT(SDHM16(reluish, p), -e_out) + zp_out)``.
+LEAKY_RELU (``leaky_relu_table``; ``reference_ops::QuantizeLeakyRelu``)
+    Prepare (float32 products and quotients, then QuantizeMultiplier):
+    identity ``s_in / s_out``, alpha ``s_in * alpha / s_out``.
+    Eval: ``d = x - zp_in``; ``clamp(M(d, identity if d >= 0 else alpha) + zp_out)``.
+RELU, RELU6, RELU_N1_TO_1 (``relu_table``; TFLite's ``ReluX``)
+    Prepare: ``s_in / s_out`` (float32) split by QuantizeMultiplier; the clamp bounds
+    ``zp_out + (int)roundf(bound / s_out)`` within the dtype (RELU has no upper bound).
+    Eval: ``clamp(M(x - zp_in, m, e) + zp_out, lo, hi)``.
+
+The kernel (``lut_func``): ``out[...] = table[x[...] - dtype_min]``, the table an int8
+operand of 256 entries indexed from the dtype's minimum. Outer axes fused and parallel,
+the last axis vectorized; the lookup itself is a gather. (TFLite's optimized kernel does
+it with four ``tbl`` instructions over the 256 bytes in 16 registers; that is a speed
+step left for later, the arithmetic does not change.)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import dataclasses
+import functools
+
+import numpy as np
+
+from tvm_armq.intrinsics.requant import (multiply_by_quantized_multiplier,
+                                         quantize_multiplier, rounding_divide_by_pot)
+
+DTYPES = ("int8", "uint8")
+TABLE_SIZE = 256  # one entry per 8-bit input value
+
+# HARD_SWISH's fixed point (reference_ops::HardSwish)
+HARD_SWISH_HIRES_SHIFT = 7     # the input difference is scaled by 2**7 in int16
+HARD_SWISH_RELUISH_ONE = 3.0   # the real value that the "relu-ish" scale maps to 2**15
+INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
+
+# The TFLite op -> the float function its 8-bit reference kernel tabulates
+FLOAT_FUNCTIONS = ("LOGISTIC", "TANH")
+# RELU family: (lower, upper) bound in real units; None = open
+RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+
+
+def _inputs(dtype: str) -> np.ndarray:
+    if dtype not in DTYPES:
+        raise TypeError(f"table lookup: dtype must be one of {DTYPES}, got {dtype!r}")
+    info = np.iinfo(dtype)
+    return np.arange(int(info.min), int(info.max) + 1, dtype=np.int64)
+
+
+def _clamp(v, dtype: str) -> np.ndarray:
+    info = np.iinfo(dtype)
+    return np.clip(np.asarray(v, np.int64), int(info.min), int(info.max)).astype(dtype)
+
+
+def _f32(v) -> np.float32:
+    return np.float32(v)
+
+
+def _round_half_away(v) -> np.ndarray:
+    """C's ``round`` of float32 values (exact: the addition is done in float64)."""
+    v = np.asarray(v, np.float64)
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+# ----------------------------------------------------------------------------- LOGISTIC, TANH
+@functools.lru_cache(maxsize=None)
+def _libm():
+    lib = ctypes.CDLL(ctypes.util.find_library("m"))
+    for name in ("expf", "tanhf"):
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
+    return lib
+
+
+def _float_function(op: str):
+    lib = _libm()
+    if op == "LOGISTIC":
+        return lambda v: _f32(_f32(1.0) / (_f32(1.0) + _f32(lib.expf(float(-v)))))
+    if op == "TANH":
+        return lambda v: _f32(lib.tanhf(float(v)))
+    raise ValueError(f"no float function for {op}: expected one of {FLOAT_FUNCTIONS}")
+
+
+def float_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
+    """TFLite's table of LOGISTIC or TANH for 8-bit tensors (``PopulateLookupTable``)."""
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    f, x = _float_function(op), _inputs(dtype)
+    inverse = _f32(1.0) / _f32(s_out)
+    out = []
+    for v in x:
+        real = _f32(s_in) * _f32(int(v) - int(zp_in))
+        rescaled = _round_half_away(_f32(f(real) * inverse))
+        out.append(float(_f32(_f32(rescaled) + _f32(zp_out))))  # float + zp, then (int)
+    return _clamp(np.trunc(np.array(out)), dtype)
+
+
+# ----------------------------------------------------------------------------- HARD_SWISH
+@dataclasses.dataclass(frozen=True)
+class HardSwishParams:
+    """TFLite's HardSwishParams for 8-bit tensors (HardSwishPrepare)."""
+
+    in_zp: int
+    out_zp: int
+    reluish_multiplier: int  # int16
+    reluish_exponent: int
+    output_multiplier: int   # int16
+    output_exponent: int     # <= 0
+
+
+def _int16_multiplier(m32: int) -> int:
+    """TFLite's DownScaleInt32ToInt16Multiplier: the top 16 bits, rounded, saturated."""
+    rounding = 1 << 15
+    if m32 >= (1 << 31) - 1 - rounding:
+        return INT16_MAX
+    return (m32 + rounding) >> 16
+
+
+def hard_swish_params(in_q, out_q) -> HardSwishParams:
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    hires = _f32(_f32(1.0 / (1 << HARD_SWISH_HIRES_SHIFT)) * _f32(s_in))
+    reluish_scale = _f32(_f32(HARD_SWISH_RELUISH_ONE) / _f32(1 << 15))
+    m_out, e_out = quantize_multiplier(float(_f32(hires / _f32(s_out))))
+    m_rel, e_rel = quantize_multiplier(float(_f32(hires / reluish_scale)))
+    if e_out > 0:
+        raise ValueError(f"HARD_SWISH: input scale {s_in} / output scale {s_out} is too large "
+                         "for TFLite's 8-bit kernel (it rejects this model)")
+    return HardSwishParams(int(zp_in), int(zp_out), _int16_multiplier(m_rel), e_rel,
+                           _int16_multiplier(m_out), e_out)
+
+
+def _wrap16(v) -> np.ndarray:
+    return ((np.asarray(v, np.int64) - INT16_MIN) & 0xFFFF) + INT16_MIN
+
+
+def _srdhm16(a, b) -> np.ndarray:
+    """gemmlowp's SaturatingRoundingDoublingHighMul for int16 (nudge, truncating division)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b
+    num = ab + np.where(ab >= 0, 1 << 14, 1 - (1 << 14))
+    high = np.where(num >= 0, num >> 15, -((-num) >> 15))
+    return np.where((a == INT16_MIN) & (b == INT16_MIN), INT16_MAX, high)
+
+
+def _sdhm16(a, b) -> np.ndarray:
+    """TFLite's SaturatingDoublingHighMul (int16, truncating toward zero, no nudge)."""
+    a, b = np.asarray(a, np.int64), np.asarray(b, np.int64)
+    ab = a * b
+    high = np.where(ab >= 0, ab >> 15, -((-ab) >> 15))
+    return np.where((a == INT16_MIN) & (b == INT16_MIN), INT16_MAX, high)
+
+
+def _saturating_shl16(v, amount: int) -> np.ndarray:
+    return np.clip(np.asarray(v, np.int64) << amount, INT16_MIN, INT16_MAX)
+
+
+def hard_swish_table(in_q, out_q, dtype: str = "int8") -> np.ndarray:
+    """TFLite's 8-bit HARD_SWISH (``reference_ops::HardSwish``) for every input value."""
+    p = hard_swish_params(in_q, out_q)
+    v = _wrap16((_inputs(dtype) - p.in_zp) << HARD_SWISH_HIRES_SHIFT)
+    preshift = _srdhm16(v, p.output_multiplier)
+    reluish = v
+    if p.reluish_exponent > 0:
+        reluish = _saturating_shl16(reluish, p.reluish_exponent - 1)
+    reluish = _srdhm16(reluish, p.reluish_multiplier)
+    if p.reluish_exponent > 0:
+        reluish = _saturating_shl16(reluish, 1)
+    if p.reluish_exponent < 0:
+        reluish = rounding_divide_by_pot(reluish, -p.reluish_exponent)
+    reluish = (reluish + (1 << 15)) >> 1  # [-1, 1] -> [0, 1] in Q0.15
+    out = rounding_divide_by_pot(_sdhm16(reluish, preshift), -p.output_exponent)
+    return _clamp(_wrap16(out + p.out_zp), dtype)  # the sum is an int16 in TFLite
+
+
+# ----------------------------------------------------------------------------- LEAKY_RELU, RELU
+def _mbqm(x, real: np.float32) -> np.ndarray:
+    m, e = quantize_multiplier(float(real))
+    return multiply_by_quantized_multiplier(x, m, e).astype(np.int64)
+
+
+def leaky_relu_table(in_q, out_q, alpha: float, dtype: str = "int8") -> np.ndarray:
+    """TFLite's 8-bit LEAKY_RELU (``reference_ops::QuantizeLeakyRelu``)."""
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    identity = _f32(_f32(s_in) / _f32(s_out))
+    scaled_alpha = _f32(_f32(_f32(s_in) * _f32(alpha)) / _f32(s_out))
+    d = _inputs(dtype) - int(zp_in)
+    out = np.where(d >= 0, _mbqm(d, identity), _mbqm(d, scaled_alpha)) + int(zp_out)
+    return _clamp(out, dtype)
+
+
+def relu_bounds(op: str, out_q, dtype: str = "int8") -> tuple[int, int]:
+    """The clamp of TFLite's quantized RELU / RELU6 / RELU_N1_TO_1 (QuantizedReluX)."""
+    s_out, zp_out = out_q
+    info = np.iinfo(dtype)
+    lo_real, hi_real = RELU_BOUNDS[op]
+
+    def at(real):  # zp + (int32)roundf(real / scale), a float32 quotient
+        return int(zp_out) + int(_round_half_away(_f32(_f32(real) / _f32(s_out))))
+
+    lo = max(int(info.min), at(lo_real))
+    hi = int(info.max) if hi_real is None else min(int(info.max), at(hi_real))
+    return lo, hi
+
+
+def relu_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
+    """TFLite's 8-bit RELU, RELU6 or RELU_N1_TO_1 (``ReluX``): requantize, then clamp."""
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    lo, hi = relu_bounds(op, out_q, dtype)
+    out = _mbqm(_inputs(dtype) - int(zp_in), _f32(_f32(s_in) / _f32(s_out))) + int(zp_out)
+    return np.clip(out, lo, hi).astype(dtype)
+
+
+def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
+    """The 256-entry table of TFLite op ``op`` (``"LOGISTIC"``, ``"HARD_SWISH"``, ...),
+    entry ``k`` for input value ``dtype_min + k``; ``options``: LEAKY_RELU's ``alpha``."""
+    if op in FLOAT_FUNCTIONS:
+        return float_table(op, in_q, out_q, dtype)
+    if op == "HARD_SWISH":
+        return hard_swish_table(in_q, out_q, dtype)
+    if op == "LEAKY_RELU":
+        return leaky_relu_table(in_q, out_q, options["alpha"], dtype)
+    if op in RELU_BOUNDS:
+        return relu_table(op, in_q, out_q, dtype)
+    raise ValueError(f"no table for TFLite op {op}: expected one of "
+                     f"{', '.join(FLOAT_FUNCTIONS + ('HARD_SWISH', 'LEAKY_RELU') + tuple(RELU_BOUNDS))}")
+
+
+OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + tuple(RELU_BOUNDS)
+
+
+# ----------------------------------------------------------------------------- the kernel
+def lut_func(shape, dtype: str = "int8", *, schedule: bool = True):
+    """``out = table[x - dtype_min]`` over a tensor of ``shape``: a PrimFunc
+    ``(x, table, out)``, the table a ``dtype`` vector of 256 entries (``table(...)``)."""
+    from tvm import te
+
+    from .int8_ops import elementwise_schedule
+
+    _inputs(dtype)
+    low = int(np.iinfo(dtype).min)
+    x = te.placeholder(tuple(int(d) for d in shape), dtype, "x")
+    tab = te.placeholder((TABLE_SIZE,), dtype, "table")
+    out = te.compute(x.shape, lambda *i: tab[x[i].astype("int32") - low], name="lut")
+    func = te.create_prim_func([x, tab, out])
+    return elementwise_schedule(func) if schedule else func
