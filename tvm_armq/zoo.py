@@ -23,6 +23,22 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
                     (int8 CONCATENATION requires it), so no requantize op appears
   mean              MEAN over H and W (Keras GlobalAveragePooling2D), 1x16x16x8 -> 1x8
   pad               PAD with asymmetric zero padding ((1,2),(2,1)) on H, W
+  mul               MUL of two 1x16x16x8 inputs calibrated on different ranges (three
+                    different scales: both operands and the output), no activation
+  softmax           SOFTMAX over the 16 channels of a 1x8x8x16 input calibrated on
+                    [-4, 4], so that the probabilities spread over many output steps
+                    (TFLite fixes the output quantization at 1/256, zero point -128;
+                    a wider input range piles more of them on -128)
+  concat_requant    CONCATENATION on channels of two 1x16x16x8 inputs calibrated on
+                    different ranges, converted by TFLite's older calibration quantizer
+                    (``legacy_quantizer``): it gives the output the union of the ranges
+                    and puts a standalone int8 -> int8 QUANTIZE (a requantization) in
+                    front of the input whose scale differs, where the default converter
+                    gives all three tensors one scale (``concat``).  An int8
+                    CONCATENATION itself cannot requantize: TFLite's Prepare refuses
+                    inputs whose scale differs from the output's.
+  logistic          LOGISTIC (sigmoid) on 1x16x16x8: tvm_armq has no integer kernel
+                    for it, so it tests the float fallback
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -31,6 +47,10 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
   mobilenet_v2_1.0   tf.keras.applications.MobileNetV2, alpha 1.0, 1x224x224x3
   resnet_block       small ResNet-style net on 1x32x32x3: conv stem, three residual
                      blocks (one strided with a 1x1 projection), global average pool,
+                     dense 10
+  inception_block    small Inception-style net on 1x24x24x3: conv stem, one block of
+                     four branches (1x1; 1x1 -> 1x7 -> 7x1; 1x1 -> 3x3; average pool ->
+                     1x1) joined by CONCATENATION, strided conv, global average pool,
                      dense 10
 
 Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed by
@@ -47,7 +67,9 @@ makes output comparisons meaningless.
 
 Every model is full-integer quantized by ``tf.lite.TFLiteConverter.from_keras_model``
 with ``Optimize.DEFAULT``, a representative dataset, ``TFLITE_BUILTINS_INT8`` only,
-and int8 model inputs and outputs (no float QUANTIZE/DEQUANTIZE at the edges).
+and int8 model inputs and outputs (no float QUANTIZE/DEQUANTIZE at the edges); a
+spec with ``legacy_quantizer=True`` (``concat_requant``) is quantized by the older
+calibration quantizer (``experimental_new_quantizer = False``) instead of the MLIR one.
 Weights are per-channel int8 (for FULLY_CONNECTED too: one scale per output
 unit), biases int32 with per-channel scales, activations per-tensor int8.
 Float models (``precision="float32"``) are converted with no optimization at all:
@@ -143,7 +165,9 @@ class ModelSpec:
     batch 1.  ``input_ranges`` is the float range the representative dataset draws
     each input from (uniform).  ``op`` is the TFLite builtin operator a single-op
     model exists to test, ``None`` for nets.  ``precision`` is "int8" (full-integer
-    quantized) or "float32" (converted as is; ``float_names()``).
+    quantized) or "float32" (converted as is; ``float_names()``).  ``legacy_quantizer``
+    converts with TFLite's older calibration quantizer instead of the MLIR one (see
+    ``concat_requant``).
     """
 
     name: str
@@ -154,6 +178,7 @@ class ModelSpec:
     input_ranges: tuple[tuple[float, float], ...] = ((-1.0, 1.0),)
     calib_samples: int = 64
     precision: str = "int8"
+    legacy_quantizer: bool = False
 
     @property
     def kind(self) -> str:
@@ -270,6 +295,7 @@ def _fit_batchnorm_stats(model, batch: np.ndarray) -> None:
 _X8 = (1, 16, 16, 8)  # default single-op input: 16x16 spatial, 8 channels
 _X16 = (1, 16, 16, 16)  # depthwise input: 16 channels in and out
 _FC_IN = (1, 256)
+_SOFTMAX_IN = (1, 8, 8, 16)  # 64 pixels of 16 classes each
 
 
 def _single_layer(shapes, make_layer, rng):
@@ -385,13 +411,24 @@ def _build_max_pool(rng):
 
 def _build_concat(rng):
     # int8 CONCATENATION requires every input to share the output's scale and
-    # zero point.  TF 2.21 gives all three the union of the calibration ranges
-    # (so the model stays a single op); another converter could insert
-    # requantizing QUANTIZE ops instead, which is why the test tolerates
-    # QUANTIZE next to the promised op.
+    # zero point.  TF 2.21's MLIR quantizer gives all three the union of the
+    # calibration ranges (so ``concat`` stays a single op); the legacy quantizer
+    # (``concat_requant``) keeps each input's own range and inserts a requantizing
+    # QUANTIZE in front of the input whose scale differs from the output's, which
+    # is why tests/test_zoo.py tolerates QUANTIZE next to the promised op.
     return _single_layer(
         [_X8, _X8], lambda L: L.Concatenate(axis=-1, name="concat"), rng
     )
+
+
+def _build_mul(rng):
+    keras = _tf().keras
+    a, b = _inputs([_X8, _X8])
+    return keras.Model([a, b], keras.layers.Multiply(name="mul")([a, b]))
+
+
+def _build_softmax(rng):
+    return _single_layer([_SOFTMAX_IN], lambda L: L.Softmax(axis=-1, name="softmax"), rng)
 
 
 def _build_mean(rng):
@@ -563,6 +600,16 @@ _SPECS: tuple[ModelSpec, ...] = (
               "MEAN over H, W (global average pool), 1x16x16x8 -> 1x8", op="MEAN"),
     ModelSpec("pad", _build_pad, (_X8,),
               "PAD with zeros, H (1,2), W (2,1)", op="PAD"),
+    ModelSpec("mul", _build_mul, (_X8, _X8),
+              "MUL of two inputs with different scales", op="MUL",
+              input_ranges=_TWO_RANGES),
+    ModelSpec("softmax", _build_softmax, (_SOFTMAX_IN,),
+              "SOFTMAX over 16 classes, 1x8x8x16, input calibrated on [-4, 4]",
+              op="SOFTMAX", input_ranges=((-4.0, 4.0),)),
+    ModelSpec("concat_requant", _build_concat, (_X8, _X8),
+              "CONCATENATION on channels of two inputs with different scales: a "
+              "QUANTIZE requantizes one of them first (legacy quantizer)",
+              op="CONCATENATION", input_ranges=_TWO_RANGES, legacy_quantizer=True),
     # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
     ModelSpec("logistic", _build_logistic, (_X8,),
               "LOGISTIC (sigmoid), 8 ch: no tvm_armq kernel, stays float QDQ",
@@ -718,6 +765,8 @@ def _convert(s: ModelSpec) -> bytes:
         converter.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
         converter.inference_input_type = tf.int8
         converter.inference_output_type = tf.int8
+        if s.legacy_quantizer:
+            converter.experimental_new_quantizer = False
 
     return _keras_to_tflite(s, quantize_int8)
 
