@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .targets import UnknownIsaError, target as preset
+from .targets import LEVELS, UnknownIsaError, target as preset
 from .tflite_model import TFLiteModel
 
 CROSS_CXX = "aarch64-linux-gnu-g++"
@@ -50,12 +50,54 @@ def describe_target(target) -> str:
     return " ".join(parts)
 
 
+class UnsupportedModel(ValueError):
+    """A valid TFLite model that TVM's TFLite frontend cannot import (a tensor type or an
+    operator it has no conversion for); the message names the model and what is at fault."""
+
+
+# Tensor types TVM 0.27's TFLite frontend imports (tflite.TensorType names). int16
+# activations (TFLite's 16x8 quantization) and the rest stop it with a bare TypeError.
+IMPORTABLE_TYPES = ("FLOAT32", "INT8", "UINT8", "INT32", "INT64", "BOOL")
+
+
+def _unsupported_tensor(m: TFLiteModel) -> str | None:
+    """What TVM's frontend would choke on among the model's tensor types, said plainly."""
+    import tflite
+
+    names = {v: k for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
+    fb = m.flatbuffer()
+    for g in range(fb.SubgraphsLength()):
+        graph = fb.Subgraphs(g)
+        for i in range(graph.TensorsLength()):
+            t = graph.Tensors(i)
+            kind = names.get(t.Type(), str(t.Type()))
+            if kind not in IMPORTABLE_TYPES:
+                hint = (" (16x8 quantization: int16 activations, int8 weights)"
+                        if kind == "INT16" else "")
+                return (f"tensor {i} ({(t.Name() or b'').decode(errors='replace')!r}) is "
+                        f"{kind.lower()}{hint}; TVM's TFLite frontend imports "
+                        f"{', '.join(k.lower() for k in IMPORTABLE_TYPES)} tensors: convert "
+                        "the model with int8 quantization")
+    return None
+
+
 def import_tflite(model) -> "tvm.IRModule":
-    """The Relax module of a TFLite model, as TVM's TFLite frontend imports it."""
+    """The Relax module of a TFLite model, as TVM's TFLite frontend imports it.
+
+    Raises ``UnsupportedModel`` naming the tensor or operator when the frontend cannot
+    import the model (it would otherwise fail with a bare TypeError or KeyError)."""
     from tvm.relax.frontend.tflite import from_tflite
 
     m = TFLiteModel.load(model)
-    mod = from_tflite(m.flatbuffer())
+    problem = _unsupported_tensor(m)
+    if problem:
+        raise UnsupportedModel(f"{m.label}: {problem}")
+    try:
+        mod = from_tflite(m.flatbuffer())
+    except Exception as e:  # noqa: BLE001 - whatever the frontend trips on, it is the model
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{m.label}: TVM's TFLite frontend cannot import it "
+                               f"({type(e).__name__}: {first})") from e
     return mod[0] if isinstance(mod, tuple) else mod
 
 
@@ -64,6 +106,18 @@ PRECISIONS = ("int8", "bf16")
 
 class UnsupportedTarget(ValueError):
     """A tvm_armq-only option was asked of a target tvm_armq does not compile for."""
+
+
+class MissingFeature(UnsupportedTarget):
+    """The target lacks an instruction set extension the request needs (bf16 on neon)."""
+
+
+class OutputError(OSError):
+    """The compiled library cannot be written where asked; the message says why."""
+
+
+class TuningTargetMismatch(ValueError):
+    """A tuning database was tuned for another target than the one being compiled for."""
 
 
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
@@ -88,6 +142,19 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     tgt = resolve_target(target)
+    if strict and not hooks.applies_to(tgt):
+        raise UnsupportedTarget(
+            f"strict: {describe_target(tgt)} is not a target tvm_armq compiles for (an "
+            "aarch64 LLVM target: neon, dotprod, i8mm or an aarch64 core), so no layer would "
+            "run on tvm_armq kernels")
+    if precision == "bf16" and hooks.applies_to(tgt):
+        from .intrinsics import kernels
+
+        if not kernels.target_has(tgt, "has_bf16"):
+            raise MissingFeature(
+                f"precision bf16 runs bfmmla, which needs the bf16 extension (+bf16); "
+                f"{describe_target(tgt)} lacks it: use the i8mm level (--isa i8mm) or "
+                "precision int8")
     mod = import_tflite(model)
     if not hooks.applies_to(tgt):
         if tuning_database is not None or precision != "int8":
@@ -95,7 +162,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
                 f"(tvm_armq's kernels); {describe_target(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
-    database = _load_database(tuning_database)
+    database = _load_database(tuning_database, tgt)
     layers = [] if report is None else report
     with tgt:
         mod = integrate.quantized_to_integer(tgt, database=database, report=layers)(mod)
@@ -109,16 +176,39 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             f"{len(fallbacks)} quantized layer(s) have no tvm_armq integer kernel for "
             f"{describe_target(tgt)}:\n"
             + "\n".join("  " + r.line() for r in fallbacks))
+    if strict and not layers:
+        raise tvm.error.OpNotImplemented(
+            f"strict: {TFLiteModel.load(model).label} has no quantized layer, so nothing "
+            "would run on tvm_armq's integer kernels (a float model: quantize it to int8, "
+            "or compile it with precision bf16 at the i8mm level)")
     return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
 
 
-def _load_database(tuning_database):
-    """The MetaSchedule database of a ``tune`` work directory, or None without one."""
+def _load_database(tuning_database, target):
+    """The MetaSchedule database of a ``tune`` work directory, or None without one.
+
+    A database tuned for another target would silently give every layer its default
+    schedule (records are looked up per target): that is a ``TuningTargetMismatch``."""
     if tuning_database is None:
         return None
+    import tvm
+
     from . import tuning
 
-    return tuning.load_database(tuning_database)
+    database = tuning.load_database(tuning_database)
+    tuned = tuning.read_summary(tuning_database).target
+    if tuned:
+        tuned_tgt = tvm.target.Target(tuned)
+        if tuning.target_key(tuned_tgt) != tuning.target_key(target):
+            level = next((name for name in LEVELS if tuning.target_key(
+                tvm.target.Target(preset(name))) == tuning.target_key(tuned_tgt)), None)
+            fix = (f"compile with --isa {level}" if level else
+                   f"compile for {describe_target(tuned_tgt)}")
+            raise TuningTargetMismatch(
+                f"tuning database {tuning_database} was tuned for "
+                f"{describe_target(tuned_tgt)}, not {describe_target(target)}: none of its "
+                f"schedules would apply; {fix}, or tune again for this target")
+    return database
 
 
 def inspect(model, target, *, tuning_database=None) -> list:
@@ -132,7 +222,7 @@ def inspect(model, target, *, tuning_database=None) -> list:
         raise UnsupportedTarget(f"{describe_target(tgt)} is not an aarch64 LLVM target: "
                                 "tvm_armq leaves the "
                                 "whole model to stock TVM")
-    database = _load_database(tuning_database)
+    database = _load_database(tuning_database, tgt)
     report: list = []
     with tgt:
         integrate.quantized_to_integer(tgt, database=database, report=report,
@@ -141,16 +231,44 @@ def inspect(model, target, *, tuning_database=None) -> list:
 
 
 def export_aarch64(executable, path: str | os.PathLike) -> Path:
-    """Write ``executable`` as an aarch64 shared library, cross-linked, loadable on a board."""
+    """Write ``executable`` as an aarch64 shared library, cross-linked, loadable on a board.
+
+    The library is linked beside ``path`` under a temporary name and renamed over it only
+    when complete: a failed link never leaves half a file, nor destroys the one there.
+    Raises ``OutputError`` when ``path`` cannot be written."""
     from tvm.support import cc
 
     if not shutil.which(CROSS_CXX):
         raise RuntimeError(f"{CROSS_CXX} not found: install Debian's g++-aarch64-linux-gnu "
                            "(or run `python -m tvm_armq device provision`)")
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(path), fcompile=cc.cross_compiler(CROSS_CXX))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".so", dir=path.parent)
+        os.close(fd)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e} (choose another -o)") from None
+    try:
+        executable.export_library(tmp, fcompile=cc.cross_compiler(CROSS_CXX))
+        os.replace(tmp, path)
+    except OSError as e:
+        raise OutputError(f"cannot write {path}: {e.strerror or e} (choose another -o)") from None
+    finally:
+        Path(tmp).unlink(missing_ok=True)
     return path
+
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def is_compiled_module(path: str | os.PathLike) -> bool:
+    """True when ``path`` is an ELF file (what ``export_aarch64`` writes), so replacing it
+    with a new build loses nothing that cannot be rebuilt."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(ELF_MAGIC)) == ELF_MAGIC
+    except OSError:
+        return False
 
 
 def _to_numpy(value) -> list[np.ndarray]:

@@ -1,33 +1,114 @@
-"""``python -m tvm_armq``: compile, run and check TFLite models on aarch64; manage the device.
+"""``tvm-armq`` (``python -m tvm_armq``): compile, run and check TFLite models on aarch64;
+tune them; manage the emulated device.
 
-    python -m tvm_armq compile MODEL.tflite --isa i8mm -o MODEL.so [--tuning DIR]
-                                           [--precision int8|bf16]
-    python -m tvm_armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
-    python -m tvm_armq run MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]]
-    python -m tvm_armq device provision|start|stop|status [--isa LEVEL ...]
-    python -m tvm_armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
-                            [--rpc-tracker HOST:PORT --key KEY]
+    tvm-armq compile MODEL.tflite --isa i8mm [-o MODEL.so] [--force] [--tuning DIR]
+                                  [--precision int8|bf16] [--strict]
+    tvm-armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
+    tvm-armq run [MODEL.tflite] --isa i8mm [--device HOST:PORT[:KEY]] [--tolerance N]
+    tvm-armq device provision|start|stop|status [--isa LEVEL ...]
+    tvm-armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
+                  [--rpc-tracker HOST:PORT --key KEY]
 
-Bad input (a missing file, a file that is not a TFLite model, an unknown ISA)
-is reported as one ``tvm_armq: error: ...`` line and exit status 2.
+Every failure ends as one line, ``tvm-armq: error: <what, where, what to do>``, and an
+exit status that says which kind of failure it was (``--debug`` adds the traceback):
+
+    0   success
+    1   internal error: a bug in tvm_armq or TVM (rerun with --debug and report it)
+    2   bad command line (unknown option, ISA level, malformed HOST:PORT, ...)
+    3   bad model file: missing, unreadable, not TFLite, or rejected by TFLite's verifier
+    4   unsupported model: a tensor type or operator TVM cannot import, or --strict refused
+        it (layers left float, no quantized layer, a target tvm_armq does not compile for)
+    5   the target lacks a feature the request needs (bf16 without +bf16)
+    6   device or tracker: unreachable, hung past --timeout, crashed, or lacking the ISA
+        extension the code uses
+    7   tuning database or tuning run: not a database, corrupt, or tuned for another target
+    8   output: -o cannot be written, or would overwrite an input, a directory or a file
+        that is not a compiled module (without --force)
+    9   run: the outputs differ from TFLite's reference kernels by more than --tolerance
+    10  tune: every trial failed
+    130 interrupted (Ctrl-C)
+
+``EXIT_CODES`` below is that table in code: the one place where exception classes map to
+exit statuses. A new subcommand raises (or reuses) an exception class and adds it there.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
+import os
 import sys
+import traceback
 from pathlib import Path
 
 from .targets import LEVELS
 
+PROG = "tvm-armq"
 BUNDLED_MODEL = Path(__file__).parent / "models" / "mobilenet_v1_0.25.tflite"
 
 
 class UsageError(Exception):
-    """Bad input from the user: printed as one line, exit status 2."""
+    """Bad input on the command line."""
 
 
+class OutputsDiffer(Exception):
+    """``run``: the device's outputs differ from TFLite's by more than the tolerance."""
+
+
+class AllTrialsFailed(Exception):
+    """``tune``: not one trial was measured."""
+
+
+EXIT_INTERNAL = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+# (exit status, the exception classes that end with it, as "module:Class"). Classes are
+# named, not imported: the CLI imports TVM lazily, and a class whose module was never
+# imported cannot have been raised. The first row a raised exception is an instance of
+# wins, so a subclass must come before its base class.
+EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
+    (EXIT_USAGE, ("tvm_armq.cli:UsageError", "tvm_armq.targets:UnknownIsaError")),
+    (3, ("tvm_armq.tflite_model:ModelError",)),
+    (4, ("tvm_armq.build:UnsupportedModel", "tvm.error:OpNotImplemented")),
+    (5, ("tvm_armq.build:UnsupportedTarget",
+         "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
+    (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),
+    (7, ("tvm_armq.tuning:TuningError", "tvm_armq.build:TuningTargetMismatch")),
+    (8, ("tvm_armq.build:OutputError",)),
+    (9, ("tvm_armq.cli:OutputsDiffer",)),
+    (10, ("tvm_armq.cli:AllTrialsFailed",)),
+)
+
+
+def exit_code(error: BaseException) -> int:
+    """The exit status of ``error`` from ``EXIT_CODES`` (``EXIT_INTERNAL`` if none)."""
+    if isinstance(error, KeyboardInterrupt):
+        return EXIT_INTERRUPTED
+    for code, names in EXIT_CODES:
+        for name in names:
+            module, cls = name.split(":")
+            loaded = sys.modules.get(module)
+            if loaded is not None and isinstance(error, getattr(loaded, cls, ())):
+                return code
+    return EXIT_INTERNAL
+
+
+def error_line(error: BaseException) -> str:
+    """The one line a user reads: the message, its lines joined (a C++ stack of a TVM
+    error is cut off; --debug shows it)."""
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    text = str(error).split("Stack trace:")[0]
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    message = "; ".join(lines) or type(error).__name__
+    if exit_code(error) == EXIT_INTERNAL:
+        return (f"internal error ({type(error).__name__}: {message}); rerun with --debug "
+                "for the traceback and report it")
+    return message
+
+
+# ------------------------------------------------------------------ argument types
 def _isa(text: str) -> str:
     if text not in LEVELS:
         raise argparse.ArgumentTypeError(
@@ -35,53 +116,78 @@ def _isa(text: str) -> str:
     return text
 
 
-def _load(path: str):
-    from .tflite_model import ModelError, TFLiteModel
-
+def _non_negative_int(text: str) -> int:
     try:
-        return TFLiteModel.load(path)
-    except ModelError as e:
-        raise UsageError(str(e)) from None
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{value} is negative: give 0 or more")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text} s: give a positive number of seconds")
+    return value
+
+
+def _load(path: str):
+    from .tflite_model import TFLiteModel
+
+    return TFLiteModel.load(path)
+
+
+def _tuning_dir(a):
+    if not getattr(a, "tuning", None):
+        return None
+    return a.tuning  # tuning.load_database checks it and names what is wrong
+
+
+# ------------------------------------------------------------------ compile
+def _output_path(a, model) -> Path:
+    """Where ``compile`` writes, checked: never the model or a directory; an existing file
+    only if it is a compiled module (or with --force). Default: MODEL.so in the current
+    directory (not beside the model: the bundled one lives inside the installed package)."""
+    from . import build
+
+    out = Path(a.output) if a.output else Path.cwd() / (Path(model.path).stem + ".so")
+    if out.is_dir():
+        raise build.OutputError(f"-o {out} is a directory: give a file name, such as "
+                                f"{out / (Path(model.path).stem + '.so')}")
+    inputs = [Path(model.path)] + ([Path(a.tuning)] if getattr(a, "tuning", None) else [])
+    for source in inputs:
+        if out.exists() and source.exists() and os.path.samefile(out, source):
+            raise build.OutputError(f"-o {out} is the input {source}: writing the library "
+                                    "there would destroy it; choose another -o")
+    if out.exists() and not build.is_compiled_module(out) and not a.force:
+        raise build.OutputError(f"-o {out} exists and is not a compiled module (not an ELF "
+                                "file): pass --force to overwrite it, or choose another -o")
+    return out
 
 
 def cmd_compile(a) -> int:
     from . import build
 
     model = _load(a.model)
-    out = Path(a.output) if a.output else Path(model.path).with_suffix(".so")
+    out = _output_path(a, model)
     report: list = []
-    import tvm
-
-    try:
-        exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
-                                   precision=a.precision, report=report, strict=a.strict)
-    except tvm.error.OpNotImplemented as e:
-        raise UsageError(str(e).replace("\n", "; ")) from None
+    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
+                               precision=a.precision, report=report, strict=a.strict)
     lib = build.export_aarch64(exe, out)
     print(f"wrote {lib} (aarch64, ISA level {a.isa})\n{_kernel_summary(report)}")
     return 0
-
-
-def _tuning_dir(a):
-    if not getattr(a, "tuning", None):
-        return None
-    if not Path(a.tuning).is_dir():
-        raise UsageError(f"--tuning {a.tuning}: no such directory (a `tune --work-dir`)")
-    return a.tuning
 
 
 def cmd_inspect(a) -> int:
     from . import build
 
     model = _load(a.model)
-    try:
-        report = build.inspect(model, a.isa, tuning_database=_tuning_dir(a))
-    except Exception as e:  # noqa: BLE001 - a bad database is the user's input
-        from . import tuning
-
-        if isinstance(e, getattr(tuning, "TuningError", ())):
-            raise UsageError(str(e)) from None
-        raise
+    report = build.inspect(model, a.isa, tuning_database=_tuning_dir(a))
     print(f"{model.label} for {a.isa} ({build.describe_target(build.resolve_target(a.isa))}):")
     for r in report:
         print("  " + r.line())
@@ -89,24 +195,62 @@ def cmd_inspect(a) -> int:
     return 0
 
 
+# ------------------------------------------------------------------ run
 def _session(a):
-    """An RPC session on the requested device and a function that releases what we started."""
+    """An RPC session on the requested device, its endpoint, and a function that releases
+    what this command started."""
     from . import device
 
     if a.device:
         try:
-            return device.Endpoint.parse(a.device).connect(), lambda: None
+            endpoint = device.Endpoint.parse(a.device)
         except ValueError as e:
             raise UsageError(str(e)) from None
+        return (endpoint.connect(session_timeout=a.session_timeout, timeout=a.timeout),
+                endpoint, lambda: None)
     dev = device.running(a.isa)
     if dev is not None:  # started earlier by `device start`: leave it running
-        return dev.connect(), lambda: None
+        return (dev.connect(session_timeout=a.session_timeout, timeout=a.timeout),
+                dev.endpoint, lambda: None)
     print(f"starting the emulated {a.isa} device ...", file=sys.stderr)
     dev = device.start(a.isa)
-    return dev.connect(), dev.stop
+    return (dev.connect(session_timeout=a.session_timeout, timeout=a.timeout), dev.endpoint,
+            dev.stop)
+
+
+def _run_on(session, endpoint, lib, inputs, a):
+    """The model's outputs from the device, or a ``DeviceError`` that says why not; a
+    session that dies while running is explained by probing the device's ISA level."""
+    from . import build, device
+
+    try:
+        return device.call_with_timeout(
+            lambda: build.run_on_device(session, lib, inputs),
+            a.session_timeout + device.SESSION_GRACE,
+            f"the device at {endpoint} did not finish running the model")
+    except device.DeviceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the session died: find out whether it is the ISA
+        crash = device.last_line(e)
+    print(f"the session on {endpoint} ended while running the model ({crash}); probing "
+          "which ISA extensions the device has ...", file=sys.stderr)
+    try:
+        has = device.probe_level(endpoint, a.timeout)
+    except Exception as e:  # noqa: BLE001 - report the original crash and the probe's
+        raise device.DeviceError(f"the session on {endpoint} ended while running the model "
+                                 f"({crash}), and the ISA probe failed too "
+                                 f"({device.last_line(e)})") from None
+    names = list(LEVELS)
+    if names.index(has) < names.index(a.isa):
+        raise device.DeviceLacksFeature(device.lacks_message(endpoint, a.isa, has))
+    raise device.DeviceError(f"the session on {endpoint} ended while running the model "
+                             f"({crash}), though the device runs {a.isa} code; see the "
+                             "device's log")
 
 
 def cmd_run(a) -> int:
+    import tempfile
+
     import numpy as np
 
     from . import build
@@ -114,21 +258,34 @@ def cmd_run(a) -> int:
     model = _load(a.model)
     inputs = model.random_inputs(a.seed)
     expected = model.reference_outputs(inputs)
-    session, release = _session(a)
     report: list = []
+    # The device first: an unreachable or hung one fails in --timeout seconds, not after
+    # a compile. The session's own limit (--session-timeout) covers the compile too.
+    session, endpoint, release = _session(a)
     try:
-        got = build.compile_and_run(model, a.isa, session, inputs, report=report)
+        with tempfile.TemporaryDirectory(prefix="tvm_armq_run_") as tmp:
+            lib = build.export_aarch64(build.compile_tflite(model, a.isa, report=report),
+                                       Path(tmp) / "model.so")
+            got = _run_on(session, endpoint, lib, inputs, a)
     finally:
         del session
         release()
     print(_kernel_summary(report))
-    worst = 0
+    worst, where = 0.0, ""
     for i, (g, e) in enumerate(zip(got, expected)):
         diff = np.abs(g.astype(np.float64) - e.astype(np.float64))
-        worst = max(worst, float(diff.max()))
+        differ = int((diff > a.tolerance).sum())
         print(f"output {i}: shape {tuple(g.shape)} {g.dtype}, max abs diff vs TFLite "
               f"{diff.max():g}, {int((diff > 0).sum())}/{diff.size} elements differ")
+        if diff.max() > worst:
+            worst = float(diff.max())
+            where = f"output {i}: {differ}/{diff.size} elements beyond it"
     print(f"max abs difference against TFLite: {worst:g}")
+    if worst > a.tolerance:
+        raise OutputsDiffer(
+            f"{model.label} on {endpoint} ({a.isa}): outputs differ from TFLite's reference "
+            f"kernels by up to {worst:g} (tolerance {a.tolerance:g}; {where}); a float "
+            "layer differs by rounding (`inspect` lists them), an integer one is a bug")
     return 0
 
 
@@ -143,6 +300,7 @@ def _kernel_summary(report: list) -> str:
             + (f": {used}" if used else ""))
 
 
+# ------------------------------------------------------------------ device
 def cmd_device(a) -> int:
     from . import device
 
@@ -162,15 +320,18 @@ def cmd_device(a) -> int:
         state = {lvl: [d.to_json() for d in devs] for lvl, devs in device.status().items()}
         if a.json:
             print(json.dumps(state, indent=1))
-            return 0
-        for lvl, devs in state.items():
-            where = ", ".join(f"{d['host']}:{d['port']} (pid {d['pid']})" for d in devs)
-            print(f"{lvl}: " + (f"running at {where}" if devs else "not running"))
+        else:
+            for lvl, devs in state.items():
+                where = ", ".join(f"{d['host']}:{d['port']} (pid {d['pid']})" for d in devs)
+                print(f"{lvl}: " + (f"running at {where}" if devs else "not running"))
+    for lvl, why in device.STALE:  # records whose pid is no longer our device
+        print(f"{lvl}: {why}", file=sys.stderr)
     return 0
 
 
+# ------------------------------------------------------------------ tune
 def cmd_tune(a) -> int:
-    from . import tuning
+    from . import device, tuning
 
     model = _load(a.model)
     if a.trials < 1:
@@ -182,66 +343,113 @@ def cmd_tune(a) -> int:
         raise UsageError("--rpc-tracker needs --key (the key the board registered under)")
     elif a.key:
         raise UsageError("--key names a device at an RPC tracker: give --rpc-tracker too")
-    try:
-        tasks = tuning.tasks_of_model(model, a.isa)
-        summary = tuning.tune(tasks, a.isa, work_dir=a.work_dir, trials=a.trials,
-                              tracker=tracker, level=a.isa, progress=not a.no_progress)
-    except tuning.TuningError as e:  # bad tracker address, foreign work dir, ...
-        raise UsageError(str(e)) from None
+    if tracker:  # before the model is split into tasks: a dead tracker fails in seconds
+        try:
+            endpoint = device.Endpoint.parse(tracker)
+        except ValueError as e:
+            raise UsageError(f"--rpc-tracker: {e}") from None
+        device.check_key(device.connect_tracker(endpoint.host, endpoint.port, a.timeout),
+                         endpoint, a.timeout)
+    tasks = tuning.tasks_of_model(model, a.isa)
+    summary = tuning.tune(tasks, a.isa, work_dir=a.work_dir, trials=a.trials,
+                          tracker=tracker, level=a.isa, progress=not a.no_progress)
     print(summary.table())
+    if summary.trials and summary.failed == summary.trials:
+        errors = [e for t in summary.tasks for e in t.errors]
+        raise AllTrialsFailed(
+            f"all {summary.trials} trials failed on {summary.device}"
+            + (f" (first: {errors[0]})" if errors else "")
+            + f"; nothing was measured: see {Path(a.work_dir) / tuning.LOG_FILE}")
     return 0
 
 
+# ------------------------------------------------------------------ parser
 class _Parser(argparse.ArgumentParser):
     """argparse that reports a usage error in one line (no usage dump), exit status 2."""
 
     def error(self, message):
-        self.exit(2, f"python -m tvm_armq: error: {message}\n")
+        self.exit(EXIT_USAGE, f"{PROG}: error: {message}\n")
+
+
+def _debug_flag(p: argparse.ArgumentParser, default) -> None:
+    p.add_argument("--debug", action="store_true", default=default,
+                   help="on an error, print the Python traceback too")
+
+
+def _timeouts(p: argparse.ArgumentParser, session: bool = True) -> None:
+    from .device import CONNECT_TIMEOUT, SESSION_TIMEOUT
+
+    p.add_argument("--timeout", type=_positive_float, default=CONNECT_TIMEOUT,
+                   metavar="SECONDS",
+                   help="how long a device or RPC tracker may take to accept the connection "
+                        f"and answer the handshake (default {CONNECT_TIMEOUT:g})")
+    if session:
+        p.add_argument("--session-timeout", type=_positive_float, default=SESSION_TIMEOUT,
+                       metavar="SECONDS",
+                       help="how long one session on the device (upload, run, fetch) may "
+                            f"last (default {SESSION_TIMEOUT:g})")
 
 
 def parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="python -m tvm_armq", description=__doc__,
+    p = _Parser(prog=PROG, description=__doc__,
                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    _debug_flag(p, False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
-    c = sub.add_parser("compile", help="compile a TFLite model into an aarch64 shared library")
+    def command(name, func, **kw):
+        c = sub.add_parser(name, **kw)
+        _debug_flag(c, argparse.SUPPRESS)  # also after the subcommand, not overriding it
+        c.set_defaults(func=func)
+        return c
+
+    c = command("compile", cmd_compile,
+                help="compile a TFLite model into an aarch64 shared library")
     c.add_argument("model")
     c.add_argument("--isa", type=_isa, default="i8mm")
-    c.add_argument("-o", "--output", help="output .so (default: MODEL.so beside the model)")
+    c.add_argument("-o", "--output",
+                   help="output .so (default: MODEL.so in the current directory)")
+    c.add_argument("--force", action="store_true",
+                   help="overwrite an existing -o file even if it is not a compiled module")
     c.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
     c.add_argument("--strict", action="store_true",
-                   help="fail if a quantized layer would stay float (no tvm_armq kernel)")
+                   help="fail unless every quantized layer runs a tvm_armq kernel (refuses "
+                        "layers left float, a model with no quantized layer)")
     c.add_argument("--precision", choices=["int8", "bf16"], default="int8",
                    help="bf16: float conv2d/dense of a float model run as bf16 GEMMs "
                         "(needs +bf16, the i8mm level)")
-    c.set_defaults(func=cmd_compile)
 
-    i = sub.add_parser("inspect", help="per layer: op, shapes, the kernel chosen or why not")
+    i = command("inspect", cmd_inspect,
+                help="per layer: op, shapes, the kernel chosen or why not")
     i.add_argument("model")
     i.add_argument("--isa", type=_isa, default="i8mm")
     i.add_argument("--tuning", metavar="DIR", help="show which layers the database tunes")
-    i.set_defaults(func=cmd_inspect)
 
-    r = sub.add_parser("run", help="compile, run on the aarch64 device, compare with TFLite")
+    r = command("run", cmd_run,
+                help="compile, run on the aarch64 device, compare with TFLite")
     r.add_argument("model", nargs="?", default=str(BUNDLED_MODEL),
                    help="a .tflite model (default: the bundled MobileNetV1 0.25)")
     r.add_argument("--isa", type=_isa, default="i8mm")
     r.add_argument("--device", help="HOST:PORT or TRACKER_HOST:PORT:KEY of a real board "
                                     "(default: the emulated device of --isa)")
-    r.add_argument("--seed", type=int, default=0, help="seed of the random input")
-    r.set_defaults(func=cmd_run)
+    r.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="seed of the random input (0 or more)")
+    r.add_argument("--tolerance", type=float, default=0.0,
+                   help="largest accepted absolute difference from TFLite (default 0: "
+                        "bit-exact); beyond it the exit status is 9")
+    _timeouts(r)
 
-    d = sub.add_parser("device", help="the emulated aarch64 device (TVM RPC under qemu-user)")
+    d = command("device", cmd_device,
+                help="the emulated aarch64 device (TVM RPC under qemu-user)")
     d.add_argument("action", choices=["provision", "start", "stop", "status"])
     d.add_argument("--isa", type=_isa, action="append",
                    help="level(s) to act on (default: all three)")
     d.add_argument("--tracker", help="HOST:PORT of an RPC tracker to register with")
     d.add_argument("--key", help="device key at the tracker (default armq-LEVEL)")
     d.add_argument("--json", action="store_true", help="status as JSON")
-    d.set_defaults(func=cmd_device)
 
-    t = sub.add_parser("tune", help="autotune the model's conv2d/dense schedules on an aarch64 "
-                                    "device (MetaSchedule)")
+    t = command("tune", cmd_tune,
+                help="autotune the model's conv2d/dense schedules on an aarch64 device "
+                     "(MetaSchedule)")
     t.add_argument("model")
     t.add_argument("--isa", type=_isa, default="i8mm")
     t.add_argument("--trials", type=int, default=64, help="candidates measured per layer")
@@ -253,20 +461,22 @@ def parser() -> argparse.ArgumentParser:
                                          "started for the run)")
     t.add_argument("--key", help="the boards' device key at --rpc-tracker")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
-    t.set_defaults(func=cmd_tune)
+    _timeouts(t, session=False)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every exception ends as ``tvm-armq: error: ...`` and the exit
+    status of its class (``EXIT_CODES``)."""
     p = parser()
     a = p.parse_args(argv)
     try:
         return a.func(a)
-    except UsageError as e:
-        p.exit(2, f"{p.prog}: error: {e}\n")
-    except Exception as e:  # noqa: BLE001 - a device or toolchain problem, said in one line
-        from .device import DeviceError
+    except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the one error boundary
+        if a.debug:
+            traceback.print_exc()
+        print(f"{PROG}: error: {error_line(e)}", file=sys.stderr, flush=True)
+        return exit_code(e)
 
-        if isinstance(e, DeviceError):
-            p.exit(1, f"{p.prog}: device error: {e}\n")
-        raise
+
+__all__ = ["EXIT_CODES", "exit_code", "error_line", "main", "parser"]

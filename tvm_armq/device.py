@@ -68,10 +68,29 @@ _BINFMT_AARCH64 = (
 )
 DEFAULT_PORTS = {"neon": 9190, "dotprod": 9290, "i8mm": 9390}
 START_TIMEOUT = 300.0  # seconds; importing the runtime under emulation takes a while
+# A device or tracker that has not answered a TCP connect and the RPC handshake by then
+# is taken for dead or hung (the CLI's --timeout). A session under qemu forks a worker that
+# imports the TVM runtime first, which takes a few seconds; a real board answers at once.
+CONNECT_TIMEOUT = 60.0
+# How long one session (upload, load, run, fetch the outputs) may last before the device
+# ends it and the client gives up (the CLI's --session-timeout).
+SESSION_TIMEOUT = 900.0
+# Past a session's own limit, how long the client waits for the device to report that it
+# ended the session, before giving up on the device itself.
+SESSION_GRACE = 30.0
 
 
 class DeviceError(RuntimeError):
-    """The emulated device cannot be provisioned or started; the message says why."""
+    """The emulated device cannot be provisioned or started, or a device cannot be reached
+    or used; the message says why."""
+
+
+class DeviceUnreachable(DeviceError):
+    """Nothing answers at a device's or tracker's address, or it did not answer in time."""
+
+
+class DeviceLacksFeature(DeviceError):
+    """The device was reached but cannot run the code: its CPU lacks an ISA extension."""
 
 
 def home() -> Path:
@@ -107,6 +126,25 @@ def _run(cmd, **kw) -> subprocess.CompletedProcess:
     return res
 
 
+def _run_shown(cmd, what: str, **kw) -> None:
+    """Run a long download with its own progress on the user's terminal (stderr), since
+    provisioning fetches a few hundred MB; a failure is a ``DeviceError`` naming ``what``."""
+    stderr_fd = 2  # the process's own stderr, whatever Python's sys.stderr was replaced by
+    res = subprocess.run(cmd, stdout=stderr_fd, stderr=stderr_fd, stdin=subprocess.DEVNULL,
+                         **kw)
+    if res.returncode != 0:
+        raise DeviceError(f"{what} failed: `{' '.join(map(str, cmd))}` exited with "
+                          f"{res.returncode} (its messages are above)")
+
+
+def _unpack_progress(i: int, n: int, path: Path) -> None:
+    _log(f"unpacking {i}/{n}: {path.name} ({path.stat().st_size / 2**20:.1f} MB)")
+
+
+def _size_mb(paths) -> float:
+    return sum(p.stat().st_size for p in paths) / 2**20
+
+
 # ---------------------------------------------------------------- provisioning
 def _ensure_debian_packages() -> None:
     missing = sorted({pkg for cmd, pkg in DEBIAN_PACKAGES.items() if not shutil.which(cmd)})
@@ -118,8 +156,8 @@ def _ensure_debian_packages() -> None:
             f"(apt-get install {' '.join(missing)}) or run provisioning as root")
     _log(f"installing {' '.join(missing)}")
     _run(["apt-get", "update", "-qq"])
-    _run(["apt-get", "install", "-y", "-qq", *missing],
-         env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    _run_shown(["apt-get", "install", "-y", "-q", *missing], "installing Debian packages",
+               env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
 
 
 def _ensure_sysroot() -> None:
@@ -139,11 +177,16 @@ def _ensure_sysroot() -> None:
     debs = home() / "debs"
     shutil.rmtree(debs, ignore_errors=True)
     debs.mkdir(parents=True)
-    _run(["apt-get", "download", "-qq", *[f"{p}:arm64" for p in SYSROOT_PACKAGES]], cwd=debs)
+    _log(f"downloading {len(SYSROOT_PACKAGES)} Debian arm64 packages")
+    _run_shown(["apt-get", "download", *[f"{p}:arm64" for p in SYSROOT_PACKAGES]],
+               "downloading the arm64 packages", cwd=debs)
     tmp = home() / "sysroot.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for deb in sorted(debs.glob("*.deb")):
+    packages = sorted(debs.glob("*.deb"))
+    _log(f"downloaded {len(packages)} packages, {_size_mb(packages):.0f} MB")
+    for i, deb in enumerate(packages, 1):
+        _unpack_progress(i, len(packages), deb)
         _run(["dpkg", "-x", str(deb), str(tmp)])
     shutil.rmtree(sysroot(), ignore_errors=True)
     tmp.rename(sysroot())
@@ -170,13 +213,16 @@ def _ensure_site() -> None:
     shutil.rmtree(wheels, ignore_errors=True)
     wheels.mkdir(parents=True)
     plat = [a for p in AARCH64_PLATFORMS for a in ("--platform", p)]
-    _run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-          "--python-version", "3.11", "--implementation", "cp", *plat, "-d", str(wheels),
-          *reqs])
+    _run_shown([sys.executable, "-m", "pip", "download", "--progress-bar", "on", "--no-deps",
+                "--only-binary=:all:", "--python-version", "3.11", "--implementation", "cp",
+                *plat, "-d", str(wheels), *reqs], "downloading the aarch64 wheels")
     tmp = home() / "site.partial"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    for whl in sorted(wheels.glob("*.whl")):
+    found = sorted(wheels.glob("*.whl"))
+    _log(f"downloaded {len(found)} wheels, {_size_mb(found):.0f} MB")
+    for i, whl in enumerate(found, 1):
+        _unpack_progress(i, len(found), whl)
         with zipfile.ZipFile(whl) as z:
             z.extractall(tmp)
     # zipfile drops the executable bits; the runtime only dlopen()s, which needs none.
@@ -254,17 +300,202 @@ class Endpoint:
             raise ValueError(f"device endpoint {text!r}: expected HOST:PORT or HOST:PORT:KEY")
         return cls(parts[0], int(parts[1]), parts[2] if len(parts) == 3 else None)
 
-    def connect(self, session_timeout: float = 0):
-        """An RPC session on the device (``tvm.rpc.RPCSession``)."""
+    def connect(self, session_timeout: float = 0, timeout: float | None = None):
+        """An RPC session on the device (``tvm.rpc.RPCSession``).
+
+        ``session_timeout`` (s, 0: none): the device ends the session after that long.
+        ``timeout`` (s): the device (or tracker) must accept the connection and complete
+        the handshake within it, else ``DeviceUnreachable`` naming the endpoint; without
+        one, TVM waits as long as it takes (a busy device serves one session at a time).
+        """
         from tvm import rpc
 
+        if timeout is None:
+            if self.key:
+                return rpc.connect_tracker(self.host, self.port).request(
+                    self.key, session_timeout=session_timeout)
+            return rpc.connect(self.host, self.port, session_timeout=session_timeout)
         if self.key:
-            return rpc.connect_tracker(self.host, self.port).request(
-                self.key, session_timeout=session_timeout)
-        return rpc.connect(self.host, self.port, session_timeout=session_timeout)
+            tracker = connect_tracker(self.host, self.port, timeout)
+            check_key(tracker, self, timeout)
+            return call_with_timeout(
+                lambda: tracker.request(self.key, session_timeout=session_timeout,
+                                        max_retry=1),
+                timeout, f"the RPC tracker {self.host}:{self.port} did not hand out a "
+                         f"device under key {self.key!r}")
+        reach(self.host, self.port, timeout, "device")
+        try:
+            return call_with_timeout(
+                lambda: rpc.connect(self.host, self.port, session_timeout=session_timeout),
+                timeout, f"the device at {self} accepted the connection but did not "
+                         "complete the TVM RPC handshake")
+        except DeviceError:
+            raise
+        except Exception as e:  # noqa: BLE001 - TVM says what in its last line
+            raise DeviceUnreachable(f"the device at {self}: TVM RPC handshake failed "
+                                    f"({last_line(e)}): is it a tvm.exec.rpc_server?") from None
 
     def __str__(self) -> str:
         return f"{self.host}:{self.port}" + (f":{self.key}" if self.key else "")
+
+
+def last_line(error) -> str:
+    """The line of a (TVM) error message that says what happened, without the C++ stack."""
+    lines = [ln.strip() for ln in str(error).strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else type(error).__name__
+
+
+def reach(host: str, port: int, timeout: float, what: str) -> None:
+    """A TCP connect to ``host:port`` within ``timeout`` s, or ``DeviceUnreachable`` saying
+    which ``what`` (device, RPC tracker) at which address, and why (unknown host, nothing
+    listening, no answer). TVM's own connect retries a refused port for 60 s and reports
+    an unknown host as a C++ stack."""
+    where = f"{what} {host}:{port}"
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            pass
+    except socket.gaierror as e:
+        raise DeviceUnreachable(f"{where}: unknown host {host!r} ({e.strerror}): check the "
+                                "address") from None
+    except ConnectionRefusedError:
+        raise DeviceUnreachable(f"{where}: connection refused, nothing listens on port "
+                                f"{port}: is the {what} running, and is the port right?") from None
+    except (socket.timeout, TimeoutError):
+        raise DeviceUnreachable(f"{where}: no answer to a TCP connect within {timeout:g} s "
+                                "(--timeout): is the host up and the port open?") from None
+    except OSError as e:
+        raise DeviceUnreachable(f"{where}: {e.strerror or e}") from None
+
+
+def call_with_timeout(fn, timeout: float, what: str):
+    """``fn()``, or ``DeviceUnreachable`` if it has not returned within ``timeout`` s.
+
+    TVM's RPC client blocks in C++ socket calls that no Python timeout reaches: ``fn`` runs
+    in a daemon thread, which is abandoned (it ends with the process) when it overruns."""
+    import threading
+
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
+            result["error"] = e
+
+    thread = threading.Thread(target=run, name="tvm_armq-rpc-call", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise DeviceUnreachable(f"{what} within {timeout:g} s (--timeout): the endpoint is "
+                                "hung or overloaded")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def connect_tracker(host: str, port: int, timeout: float):
+    """A ``TrackerSession`` with ``host:port``, or ``DeviceUnreachable`` within ``timeout``."""
+    from tvm import rpc
+
+    reach(host, port, timeout, "RPC tracker")
+    try:
+        return call_with_timeout(lambda: rpc.connect_tracker(host, port), timeout,
+                                 f"the RPC tracker {host}:{port} accepted the connection but "
+                                 "did not answer the tracker handshake")
+    except DeviceError:
+        raise
+    except Exception as e:  # noqa: BLE001 - "is not RPC Tracker" and the like
+        raise DeviceUnreachable(f"RPC tracker {host}:{port}: {last_line(e)}") from None
+
+
+def check_key(tracker, endpoint: "Endpoint", timeout: float) -> None:
+    """``DeviceUnreachable`` unless some device is registered under ``endpoint.key`` at the
+    tracker: a request for a key nobody serves would queue forever."""
+    summary = call_with_timeout(tracker.summary, timeout,
+                                f"the RPC tracker {endpoint.host}:{endpoint.port} did not "
+                                "answer a summary request")
+    keys = sorted({str(s.get("key", "")).split(":", 1)[-1]
+                   for s in summary.get("server_info", [])})
+    if endpoint.key not in keys:
+        raise DeviceUnreachable(
+            f"no device is registered under key {endpoint.key!r} at the RPC tracker "
+            f"{endpoint.host}:{endpoint.port} (registered: {', '.join(keys) or 'none'}): "
+            "start the board's rpc_server with --tracker and this --key")
+
+
+# ------------------------------------------------------------ ISA probe
+# Per level above neon, one instruction that only that level adds, as the LLVM intrinsic
+# that emits it, with its operand types: a probe module calls each in turn on the device.
+PROBES = (
+    ("dotprod", "sdot (Armv8.2 +dotprod)", "llvm.aarch64.neon.sdot.v4i32.v16i8"),
+    ("i8mm", "smmla (Armv8.6 +i8mm)", "llvm.aarch64.neon.smmla.v4i32.v16i8"),
+)
+
+
+def _probe_library(folder: Path) -> Path:
+    """An aarch64 library with one function per ``PROBES`` entry, each executing just that
+    instruction on 16 int8 pairs, compiled for the richest level."""
+    import tvm
+    from tvm.script import tirx as T
+
+    from . import build
+
+    funcs = {}
+    for lvl, _, intrin in PROBES:
+        @T.prim_func
+        def probe(A: T.Buffer((16,), "int8"), C: T.Buffer((4,), "int32")):
+            C[T.ramp(0, 1, 4)] = T.call_llvm_pure_intrin(
+                "int32x4", intrin, T.Broadcast(T.int32(0), 4), A[T.ramp(0, 1, 16)],
+                A[T.ramp(0, 1, 16)])
+
+        funcs[f"probe_{lvl}"] = probe.with_attr("global_symbol", f"probe_{lvl}")
+    lib = tvm.compile(tvm.IRModule(funcs), target=LEVELS["i8mm"].target())
+    return build.export_aarch64(lib, folder / "tvm_armq_isa_probe.so")
+
+
+def probe_level(endpoint: "Endpoint", timeout: float = CONNECT_TIMEOUT) -> str:
+    """The richest ISA level whose instructions the device at ``endpoint`` executes.
+
+    Each probe runs in a session of its own: an instruction the CPU lacks kills the
+    session's worker (SIGILL), and the device serves the next session."""
+    import tempfile
+
+    import numpy as np
+    import tvm
+
+    with tempfile.TemporaryDirectory(prefix="tvm_armq_probe_") as tmp:
+        lib = _probe_library(Path(tmp))
+        found = "neon"
+        for lvl, _, _ in PROBES:
+            sess = endpoint.connect(session_timeout=timeout, timeout=timeout)
+            try:
+                def run():
+                    sess.upload(str(lib))
+                    dev = sess.cpu(0)
+                    f = sess.load_module(lib.name)[f"probe_{lvl}"]
+                    f(tvm.runtime.tensor(np.ones(16, np.int8), dev),
+                      tvm.runtime.tensor(np.zeros(4, np.int32), dev))
+
+                call_with_timeout(run, timeout + SESSION_GRACE,
+                                  f"the device at {endpoint} did not finish an ISA probe")
+            except DeviceUnreachable:
+                raise
+            except Exception:  # noqa: BLE001 - the worker died: the level is missing
+                return found
+            finally:
+                del sess
+            found = lvl
+        return found
+
+
+def lacks_message(endpoint: "Endpoint", wanted: str, has: str) -> str:
+    """"this device lacks <feature>: compile with --isa <level>", for code of level
+    ``wanted`` sent to a device whose CPU stops at level ``has``."""
+    names = list(LEVELS)
+    missing = [desc for lvl, desc, _ in PROBES
+               if names.index(has) < names.index(lvl) <= names.index(wanted)]
+    return (f"the device at {endpoint} lacks {' and '.join(missing)}, which --isa {wanted} "
+            f"code uses (its CPU runs the {has} level): compile with --isa {has}")
 
 
 # ------------------------------------------------------------ running servers
@@ -301,6 +532,12 @@ def _free_port(host: str, start: int) -> int:
     raise DeviceError(f"no free port in {start}..{start + 99} on {host}")
 
 
+SERVER_SCRIPT = "_guest_rpc_server.py"  # what a device's command line runs (checked by stop)
+# psutil's process start times are derived from clock ticks since boot; two readings of
+# the same process agree far closer than this, another process started later does not.
+START_TIME_SLACK = 0.05
+
+
 @dataclasses.dataclass
 class Device:
     """One emulated aarch64 RPC server process (or a record of one, for the CLI)."""
@@ -310,6 +547,7 @@ class Device:
     pid: int
     log: Path
     tracker: str | None = None  # HOST:PORT of the tracker it registered with, if any
+    started: float | None = None  # the process's start time (psutil), to recognise it
 
     def alive(self) -> bool:
         try:
@@ -321,31 +559,56 @@ class Device:
         except ChildProcessError:
             return True
 
-    def connect(self, session_timeout: float = 0):
-        return self.endpoint.connect(session_timeout)
+    def impostor(self) -> str | None:
+        """Why the process now at ``pid`` is not this device, or None if it is.
+
+        The pid comes from a record on disk: the device may have died and the pid been
+        reused by an unrelated process. It is ours only if it started when the recorded
+        one did and runs the device's server script."""
+        import psutil
+
+        try:
+            proc = psutil.Process(self.pid)
+            started, cmdline = proc.create_time(), proc.cmdline()
+        except psutil.NoSuchProcess:
+            return f"pid {self.pid} has exited"
+        except psutil.AccessDenied:
+            return f"pid {self.pid} belongs to another user"
+        if not any(arg.endswith(SERVER_SCRIPT) for arg in cmdline):
+            return f"pid {self.pid} now runs `{' '.join(cmdline)[:120]}`, not the device"
+        if self.started is not None and abs(started - self.started) > START_TIME_SLACK:
+            return (f"pid {self.pid} was started at {time.ctime(started)}, the device at "
+                    f"{time.ctime(self.started)}: another process reuses the pid")
+        return None
+
+    def connect(self, session_timeout: float = 0, timeout: float | None = None):
+        return self.endpoint.connect(session_timeout, timeout)
 
     def stop(self) -> None:
-        """Stop the server and the workers it forked (they share its process group)."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(self.pid, sig)
-            except (ProcessLookupError, PermissionError):
-                break
-            for _ in range(50):
-                if not self.alive():
+        """Stop the server and the workers it forked (they share its process group), after
+        checking that the pid is still this device (``impostor``): a reused pid's process
+        group is never signalled, only the stale record is removed."""
+        if self.alive() and self.impostor() is None:
+            for sig in (signal.SIGTERM, signal.SIGKILL):
+                try:
+                    os.killpg(self.pid, sig)
+                except (ProcessLookupError, PermissionError):
                     break
-                time.sleep(0.1)
+                for _ in range(50):
+                    if not self.alive():
+                        break
+                    time.sleep(0.1)
         _state_file(self.level, self.pid).unlink(missing_ok=True)
 
     def to_json(self) -> dict:
         return {"level": self.level, "host": self.endpoint.host, "port": self.endpoint.port,
                 "key": self.endpoint.key, "pid": self.pid, "log": str(self.log),
-                "tracker": self.tracker}
+                "tracker": self.tracker, "started": self.started}
 
     @classmethod
     def from_json(cls, d: dict) -> "Device":
         return cls(d["level"], Endpoint(d["host"], d["port"], d.get("key")), d["pid"],
-                   Path(d["log"]), d.get("tracker"))
+                   Path(d["log"]), d.get("tracker"), d.get("started"))
 
 
 def _state_file(level_name: str, pid: int) -> Path:
@@ -391,7 +654,13 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
         endpoint = Endpoint(thost, int(tport), key)
     else:
         endpoint = Endpoint(host, port)
-    dev = Device(lvl.name, endpoint, proc.pid, log, tracker)
+    import psutil
+
+    try:
+        started = psutil.Process(proc.pid).create_time()
+    except psutil.NoSuchProcess:  # exited at once: the loop below reports its log
+        started = None
+    dev = Device(lvl.name, endpoint, proc.pid, log, tracker, started)
     deadline = time.monotonic() + timeout
     while True:
         if proc.poll() is not None:
@@ -424,14 +693,29 @@ def _tracker_serves(endpoint: Endpoint) -> bool:
     return int(queue.get(endpoint.key, {}).get("free", 0)) > 0
 
 
+# Records dropped by ``instances`` because their pid is no longer the device: (level, why).
+STALE: list[tuple[str, str]] = []
+
+
 def instances(level_name: str) -> list[Device]:
-    """The devices of ``level_name`` started by ``start`` (in any process) that still run."""
+    """The devices of ``level_name`` started by ``start`` (in any process) that still run.
+
+    A record whose process died, or whose pid another process now has (``impostor``), is
+    forgotten (and noted in ``STALE``): its pid is never signalled."""
     alive = []
     for f in sorted(_run_dir().glob(f"{_level(level_name).name}-*.json")):
-        dev = Device.from_json(json.loads(f.read_text()))
-        if dev.alive():
+        try:
+            dev = Device.from_json(json.loads(f.read_text()))
+        except (OSError, ValueError, KeyError, TypeError):  # a half-written or foreign file
+            STALE.append((level_name, f"{f}: not a device record, removed"))
+            f.unlink(missing_ok=True)
+            continue
+        why = dev.impostor() if dev.alive() else f"pid {dev.pid} has exited"
+        if why is None:
             alive.append(dev)
-        else:  # died or was killed without `stop`: forget it
+        else:  # died or was killed without `stop`, or the pid was reused: forget it
+            if dev.alive():
+                STALE.append((level_name, f"{why}: not signalled, its record {f} removed"))
             f.unlink(missing_ok=True)
     return alive
 

@@ -42,13 +42,40 @@ class TFLiteModel:
             m = cls(None, bytes(model))
         else:
             path = Path(model)
+            if path.is_dir():
+                raise ModelError(f"{path}: is a directory, not a .tflite file")
             if not path.is_file():
                 raise ModelError(f"{path}: no such file")
-            m = cls(path, path.read_bytes())
+            try:
+                m = cls(path, path.read_bytes())
+            except OSError as e:
+                raise ModelError(f"{path}: cannot read it ({e.strerror or e})") from None
         # A TFLite flatbuffer carries the file identifier "TFL3" at bytes 4..8.
         if len(m.data) < 8 or m.data[4:8] != b"TFL3":
             raise ModelError(f"{m.label}: not a TFLite model (no TFL3 flatbuffer identifier)")
+        m.verify()
         return m
+
+    def verify(self) -> None:
+        """Check the flatbuffer with TFLite's own verifier before anything else parses it.
+
+        The Python ``tflite`` package (what TVM's frontend reads) and ``flatbuffers`` have no
+        verifier: a truncated or corrupted file makes them read past the buffer. The real
+        one is TFLite's C++ ``VerifyModelBuffer``, which ``ai_edge_litert``'s Interpreter
+        runs (``FlatBufferModel::VerifyAndBuildFromBuffer``) when it is given bytes; its
+        verdict is "The model is not a valid Flatbuffer buffer". Building the interpreter
+        also resolves every operator, so an op TFLite itself does not know is caught here.
+        """
+        from ai_edge_litert.interpreter import Interpreter
+
+        try:
+            Interpreter(model_content=self.data)
+        except ValueError as e:
+            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            why = "; ".join(lines[:3]) or "rejected"
+            raise ModelError(f"{self.label}: TFLite's flatbuffer verifier rejects it ({why}): "
+                             "the file is truncated, corrupted or not a TFLite model; "
+                             "export or download it again") from None
 
     @property
     def label(self) -> str:

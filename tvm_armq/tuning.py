@@ -226,11 +226,14 @@ def _best_record(database, func, target):
     return None
 
 
-def _target_key(target) -> tuple:
+def target_key(target) -> tuple:
     """What makes two targets the same for a schedule: kind, triple, cpu and attributes."""
     a = target.attrs
     return (target.kind.name, str(a.get("mtriple", "")), str(a.get("mcpu", "")),
             tuple(sorted(str(m) for m in a.get("mattr", []))))
+
+
+_target_key = target_key
 
 
 def _tiles(trace) -> dict:
