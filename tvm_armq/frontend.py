@@ -14,9 +14,9 @@ them copy bytes too, whatever the scales, so the frontend's conversion (the same
 
 Converters emit SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE around Keras ``Reshape`` layers
 (squeeze-excite blocks): the RESHAPE's target shape is then a tensor computed in the
-graph, which the frontend cannot turn into a Relax shape. Every tensor of a model with
-static shapes records its own shape in the flatbuffer, so such a RESHAPE is folded at
-compile time to its output tensor's recorded shape, and the shape arithmetic before it
+graph, which the frontend cannot turn into a Relax shape. Every tensor records its shape in
+the flatbuffer (the sizes the model was converted with, which are the sizes the frontend
+imports it with), so such a RESHAPE is folded at compile time to its output's shape, and the shape arithmetic before it
 is left unused (dead code, removed by the pass).
 
 Each TFLite operator's result is bound to a Relax variable named ``op<index>_<code>``
@@ -28,6 +28,8 @@ and to name it in reports and errors), and ``diff`` maps layers back to TFLite t
 from __future__ import annotations
 
 import re
+
+import numpy as np
 
 # Quantized ops whose frontend conversion moves int8 bytes only (see the docstring).
 EXACT_DATA_MOVEMENT_OPS = frozenset({
@@ -51,24 +53,27 @@ def operator_of(name: str) -> tuple[int, str] | None:
     return (int(m.group(1)), m.group(2).upper()) if m else None
 
 
-def _static_shape(tensor) -> tuple[int, ...] | None:
-    """The recorded shape of a flatbuffer tensor if every dimension is known."""
-    shape = [int(d) for d in tensor.ShapeAsNumpy()] if tensor.ShapeLength() else []
-    if tensor.ShapeSignatureLength() and any(int(d) < 0 for d in tensor.ShapeSignatureAsNumpy()):
-        return None
-    return tuple(shape) if all(d >= 0 for d in shape) else None
+def _recorded_shape(tensor) -> tuple[int, ...]:
+    """The shape a flatbuffer tensor records. A dimension the model leaves open (-1 in its
+    shape signature, Keras' batch) is recorded as the size the model was converted with,
+    and the frontend imports the model's inputs with exactly those sizes."""
+    return tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
 
 
 def _fold_computed_reshape(original):
-    """RESHAPE whose target shape is computed in the graph -> its output's static shape."""
+    """RESHAPE whose target shape is computed in the graph -> its output's recorded shape
+    (when that holds as many elements as the input)."""
 
     def convert_reshape(self, op):
         from tvm import relax
 
         inputs = self.get_input_tensors(op)
-        shape = _static_shape(self.get_output_tensors(op)[0].tensor)
-        if len(inputs) == 2 and self.has_expr(inputs[1].tensor_idx) and shape is not None:
-            return relax.op.reshape(self.get_expr(inputs[0].tensor_idx), shape)
+        shape = _recorded_shape(self.get_output_tensors(op)[0].tensor)
+        if len(inputs) == 2 and self.has_expr(inputs[1].tensor_idx):
+            x = self.get_expr(inputs[0].tensor_idx)
+            in_shape = [int(d) for d in self.bb.normalize(x).ty.shape]
+            if int(np.prod(in_shape)) == int(np.prod(shape)):
+                return relax.op.reshape(x, shape)
         return original(self, op)
 
     return convert_reshape

@@ -1,0 +1,131 @@
+"""8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU,
+RELU, RELU6 and RELU_N1_TO_1, bit-exact against TFLite's reference kernels.
+
+Two layers of evidence:
+
+1. Host: each op's 256-entry table (TFLite's arithmetic, written out in NumPy) equals what
+   TFLite's ``BUILTIN_REF`` kernel outputs for every one of the 256 input values, on
+   single-op models written with ``tflite_writer``, over a seeded sweep of input scales
+   across four decades, output scales around them and zero points over the whole range
+   (the extremes included), for int8 and uint8.
+2. Device, at every ISA level: single-op models of each op, shapes with a remainder to
+   the 16-lane vector, compiled with ``compile_tflite`` (the pass must lower the op to the
+   table kernel: checked in the report, no float fallback) and run on the emulated
+   device; every output equals TFLite's.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_armq import build, integrate
+from tvm_armq.schedules import lut
+from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.tflite_writer import single_op_model
+
+# TFLite's fixed output quantization of its 8-bit LOGISTIC and TANH kernels
+FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "uint8"): (1 / 256, 0),
+                ("TANH", "int8"): (1 / 128, 0), ("TANH", "uint8"): (1 / 128, 128)}
+HOST_DRAWS = 20  # random (scale, zero point) draws per op and dtype, plus the edge cases
+
+
+def unary_model(op: str, shape, in_q, out_q, dtype: str, alpha: float | None = None) -> bytes:
+    """A .tflite with the one unary op ``op`` (LEAKY_RELU with its ``alpha``)."""
+    import tflite
+
+    options = None
+    if op == "LEAKY_RELU":
+        def build_options(b):
+            tflite.LeakyReluOptionsStart(b)
+            tflite.LeakyReluOptionsAddAlpha(b, alpha)
+            return tflite.LeakyReluOptionsEnd(b)
+
+        options = (tflite.BuiltinOptions.LeakyReluOptions, build_options)
+    tensors = [dict(shape=shape, dtype=dtype, q=in_q), dict(shape=shape, dtype=dtype, q=out_q)]
+    return single_op_model(getattr(tflite.BuiltinOperator, op), tensors, [0], [1], options,
+                           version=1)
+
+
+def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_out=None):
+    """(in_q, out_q, options) for one random draw: input scale 1e-3..3 (1e-3..0.1 for
+    LOGISTIC / TANH, whose output saturates past |x| ~ 8: a scale of 0.1 spans +-12), output
+    scale within a decade of it (TFLite's fixed one for LOGISTIC / TANH), zero points
+    in the middle half of the range."""
+    info = np.iinfo(dtype)
+    top = -1.0 if (op, dtype) in FIXED_OUTPUT else 0.5
+    s_in = float(np.float32(10 ** rng.uniform(-3, top)))
+    mid = (int(info.min) + int(info.max)) // 2  # random zero points in the middle half of
+    # the range, so the output is not saturated (the edges are cases of their own)
+    zp_in = mid + int(rng.randint(-64, 64)) if zp_in is None else zp_in
+    if (op, dtype) in FIXED_OUTPUT:
+        out_q = FIXED_OUTPUT[(op, dtype)]
+    else:
+        s_out = float(np.float32(s_in * 10 ** rng.uniform(-1, 1)))
+        out_q = (s_out, mid + int(rng.randint(-64, 64)) if zp_out is None else zp_out)
+    options = {"alpha": float(np.float32(rng.uniform(-1, 1.5)))} if op == "LEAKY_RELU" else {}
+    return (s_in, zp_in), out_q, options
+
+
+def host_cases():
+    rng = np.random.RandomState(20261124)
+    for op in lut.OPS:
+        for dtype in lut.DTYPES:
+            info = np.iinfo(dtype)
+            for i in range(HOST_DRAWS):
+                yield op, dtype, draw_case(op, dtype, rng), True
+            for zp in (int(info.min), int(info.max)):  # zero points at both edges (the
+                # output may saturate to one value there: equal, but not necessarily alive)
+                yield op, dtype, draw_case(op, dtype, rng, zp_in=zp, zp_out=zp), False
+
+
+@pytest.mark.parametrize("op", lut.OPS)
+def test_tables_equal_tflite_on_every_input_value(op):
+    every_value = {dtype: np.arange(np.iinfo(dtype).min, np.iinfo(dtype).max + 1)
+                   .astype(dtype).reshape(1, 16, 16) for dtype in lut.DTYPES}
+    checked = lively = 0
+    for case_op, dtype, (in_q, out_q, options), alive in host_cases():
+        if case_op != op:
+            continue
+        model = TFLiteModel.load(unary_model(op, (1, 16, 16), in_q, out_q, dtype,
+                                             options.get("alpha")))
+        expected = model.reference_outputs([every_value[dtype]])[0].ravel()
+        got = lut.table(op, in_q, out_q, dtype, **options)
+        assert np.array_equal(got, expected), (op, dtype, in_q, out_q, options)
+        if alive and len(np.unique(expected)) > 4:
+            lively += 1
+        checked += 1
+    assert checked == 2 * (HOST_DRAWS + 2)
+    # A table of a few values (all saturated) proves little: most random draws must vary.
+    assert lively >= 0.75 * 2 * HOST_DRAWS, f"only {lively} draws have outputs that vary"
+
+
+# shapes: a remainder to 16 lanes, fewer than 16, several outer rows, rank 2
+DEVICE_SHAPES = [(1, 5, 7, 19), (1, 9), (3, 33), (2, 4, 4, 16)]
+
+
+@pytest.mark.device
+def test_unary_ops_run_bit_exact_on_the_device(devices, level, tmp_path):
+    rng = np.random.RandomState(7)
+    built = []
+    for i, op in enumerate(lut.OPS):
+        for dtype in lut.DTYPES if op in ("HARD_SWISH", "LOGISTIC") else ("int8",):
+            shape = DEVICE_SHAPES[(i + len(built)) % len(DEVICE_SHAPES)]
+            in_q, out_q, options = draw_case(op, dtype, rng)
+            model = TFLiteModel.load(unary_model(op, shape, in_q, out_q, dtype,
+                                                 options.get("alpha")))
+            report: list = []
+            lib = build.export_aarch64(build.compile_tflite(model, level, report=report),
+                                       tmp_path / f"{op.lower()}_{dtype}.so")
+            assert [r.kernel for r in report] == [f"lut_{'s8' if dtype == 'int8' else 'u8'}"
+                                                  "_tflite"], [r.line() for r in report]
+            assert not any(isinstance(r, integrate.Fallback) for r in report)
+            built.append((op, dtype, model, lib))
+    session = devices.session(level)
+    for op, dtype, model, lib in built:
+        run = build.DeviceModel(session, lib)
+        for seed in (0, 1):
+            x = model.random_inputs(seed=seed)
+            got, expected = run(x)[0], model.reference_outputs(x)[0]
+            assert got.dtype == expected.dtype and got.shape == expected.shape
+            np.testing.assert_array_equal(got, expected, err_msg=f"{op} {dtype} at {level}")
