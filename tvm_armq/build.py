@@ -250,12 +250,27 @@ def export_aarch64(executable, path: str | os.PathLike) -> Path:
         raise OutputError(f"cannot write {path}: {e.strerror or e} (choose another -o)") from None
     try:
         executable.export_library(tmp, fcompile=cc.cross_compiler(CROSS_CXX))
+        os.chmod(tmp, LIBRARY_MODE & ~_umask())  # mkstemp's file is private; a library is not
         os.replace(tmp, path)
     except OSError as e:
         raise OutputError(f"cannot write {path}: {e.strerror or e} (choose another -o)") from None
     finally:
         Path(tmp).unlink(missing_ok=True)
     return path
+
+
+LIBRARY_MODE = 0o755  # what the linker gives a new shared library, before the umask
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (os.umask can only set it)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    return 0o022  # the usual default
 
 
 ELF_MAGIC = b"\x7fELF"

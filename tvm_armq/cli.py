@@ -17,8 +17,9 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     2   bad command line (unknown option, ISA level, malformed HOST:PORT, ...)
     3   bad model file: missing, unreadable, not TFLite, or rejected by TFLite's verifier
     4   unsupported model: a tensor type or operator TVM cannot import, or --strict refused
-        it (layers left float, no quantized layer, a target tvm_armq does not compile for)
-    5   the target lacks a feature the request needs (bf16 without +bf16)
+        it (layers left float, no quantized layer)
+    5   the target: not one tvm_armq compiles for (asked with strict, a tuning database or
+        bf16), or lacking a feature the request needs (bf16 without +bf16)
     6   device or tracker: unreachable, hung past --timeout, crashed, or lacking the ISA
         extension the code uses
     7   tuning database or tuning run: not a database, corrupt, or tuned for another target

@@ -29,7 +29,8 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
     import tflite
 
     types = {"int8": tflite.TensorType.INT8, "uint8": tflite.TensorType.UINT8,
-             "int32": tflite.TensorType.INT32}
+             "int16": tflite.TensorType.INT16, "int32": tflite.TensorType.INT32,
+             "int64": tflite.TensorType.INT64, "float32": tflite.TensorType.FLOAT32}
     b = flatbuffers.Builder(1024)
     tflite.BufferStart(b)
     buffers, tensor_buffer = [tflite.BufferEnd(b)], []  # buffer 0: empty, by convention

@@ -313,21 +313,32 @@ class BoundedRPCRunner(RPCRunner._cls):
     at the timeout and the trial fails (TVM reports it as an RPCRunner timeout).
     """
 
-    def __init__(self, *, trial_timeout: float, **kwargs):
+    def __init__(self, *, trial_timeout: float, on_trial_done=None, **kwargs):
         super().__init__(**kwargs)
         self.pool.shutdown()
         self.pool = PopenPoolExecutor(max_workers=1, timeout=trial_timeout,
                                       initializer=_init_worker)
+        self.on_trial_done = on_trial_done
+
+    def run(self, runner_inputs):
+        """Stock ``run``, and ``on_trial_done()`` as each trial's measurement ends: MetaSchedule
+        reports results only when it joins a task, which with several tasks queued on one
+        device can be many minutes after the trials ran."""
+        futures = super().run(runner_inputs)
+        if self.on_trial_done is not None:
+            for f in futures:
+                f.future.add_done_callback(lambda _: self.on_trial_done())
+        return futures
 
 
-def _runner(endpoint: Endpoint):
+def _runner(endpoint: Endpoint, on_trial_done=None):
     config = ms.runner.RPCConfig(tracker_host=endpoint.host, tracker_port=endpoint.port,
                                  tracker_key=endpoint.key, session_timeout_sec=TRIAL_TIMEOUT_S)
     return BoundedRPCRunner(rpc_config=config,
                             evaluator_config=ms.runner.EvaluatorConfig(**EVALUATOR),
                             f_create_session=_create_session,
                             f_alloc_argument=_alloc_arguments, initializer=_init_worker,
-                            trial_timeout=TRIAL_TIMEOUT_S)
+                            trial_timeout=TRIAL_TIMEOUT_S, on_trial_done=on_trial_done)
 
 
 def _builder():
@@ -346,12 +357,31 @@ def _short(error: str) -> str:
     return text if len(text) <= 240 else text[:237] + "..."
 
 
+class TrialBar:
+    """The progress bar, advanced once per trial: by the runner as each measurement ends
+    (from its pool's thread), by ``ProgressCallback`` for a candidate that failed to build
+    (never measured). tqdm shows the count, the elapsed time and an estimate of the rest."""
+
+    def __init__(self, bar):
+        import threading
+
+        self.bar, self.lock = bar, threading.Lock()
+
+    def advance(self, n: int = 1) -> None:
+        with self.lock:
+            self.bar.update(n)
+
+    def __getattr__(self, name):  # write, set_postfix_str, ...: the bar's own
+        return getattr(self.bar, name)
+
+
 @derived_object
 class ProgressCallback(PyMeasureCallback):
-    """Counts trials and failures per task, keeps the progress bar and reports each failed
-    trial (one line; the whole message is in logs/tuning.log)."""
+    """Counts trials and failures per task, advances the progress bar for candidates that
+    failed to build and reports each failed trial (one line; the whole message is in
+    logs/tuning.log)."""
 
-    def __init__(self, names: list[str], bar, logger: logging.Logger):
+    def __init__(self, names: list[str], bar: TrialBar, logger: logging.Logger):
         super().__init__()
         self.names, self.bar, self.logger = names, bar, logger
         self.stats: dict[str, TaskSummary] = {}
@@ -371,7 +401,8 @@ class ProgressCallback(PyMeasureCallback):
                 stats.errors.append(short)
             self.logger.warning("%s: trial %d failed:\n%s", name, stats.trials, error)
             self.bar.write(f"{name}: trial {stats.trials} failed: {short}", file=sys.stderr)
-        self.bar.update(len(builder_results))
+        # measured trials advanced the bar as they ended (BoundedRPCRunner.on_trial_done)
+        self.bar.advance(sum(1 for b in builder_results if b.error_msg))
         failed = sum(s.failed for s in self.stats.values())
         self.bar.set_postfix_str(f"{failed} failed" if failed else "")
 
@@ -532,7 +563,7 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
     with _log_to(work / LOG_FILE) as logger, \
             _device(tracker, level, target, work) as (endpoint, where), \
             tqdm(total=trials * len(tasks), unit="trial", desc="tuning", file=sys.stderr,
-                 disable=not progress, dynamic_ncols=True) as bar:
+                 disable=not progress, dynamic_ncols=True, miniters=1) as bar:
         seeds = fork_seed(seed, n=len(tasks))
         contexts = [
             ms.TuneContext(mod=_workload(t.func), target=tgt,
@@ -543,12 +574,13 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
                            task_name=t.name, rand_state=s,
                            logger=logger.getChild(f"task.{t.name}"))
             for t, s in zip(tasks, seeds)]
+        bar = TrialBar(bar)
         callback = ProgressCallback(names, bar, logger)
         batch = min(batch, trials)
         ms.tune_tasks(
             tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=str(work),
             max_trials_global=trials * len(tasks), max_trials_per_task=trials,
-            num_trials_per_iter=batch, builder=_builder(), runner=_runner(endpoint),
+            num_trials_per_iter=batch, builder=_builder(), runner=_runner(endpoint, bar.advance),
             database=database,
             cost_model=ms.cost_model.XGBModel(num_warmup_samples=batch,
                                               num_tuning_cores=os.cpu_count()),
