@@ -1,5 +1,5 @@
-"""Quantized int8/uint8 ADD, MUL, MEAN, AVERAGE_POOL_2D, requantize, SOFTMAX and the
-CONCATENATION copy as TIR.
+"""Quantized int8/uint8 ADD, MUL, MAXIMUM, MINIMUM, MEAN, AVERAGE_POOL_2D, requantize,
+SOFTMAX and the CONCATENATION copy as TIR.
 
 Read this first. Each function here builds one TFLite operator as a scheduled TIR PrimFunc
 that gives, bit for bit, what TFLite's reference kernels (the ``BUILTIN_REF`` op resolver)
@@ -27,6 +27,9 @@ MUL (``mul_func``)
     scales before the result becomes a double), then ``QuantizeMultiplier``.
     Eval: ``out = clamp(M((a - zp_a) * (b - zp_b), m, e) + zp_out, act_lo, act_hi)``.
     Both ADD and MUL broadcast as NumPy does (TFLite's ``BroadcastAdd/Mul*DSlow``).
+MAXIMUM, MINIMUM (``min_max_func``)
+    ``out = max(a, b)`` / ``min(a, b)`` of the raw 8-bit values, broadcasting: TFLite's
+    kernel rescales nothing.
 MEAN (``mean_func``)
     TFLite's reference MEAN takes one path for int8/uint8 whatever keep_dims, the axes or
     the scales are (``reference_ops::QuantizedMeanOrSum``; checked against the installed
@@ -404,6 +407,26 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         return _clamp_cast(r, *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
+    return _finish((a, b, out), schedule, elementwise_schedule)
+
+
+def min_max_func(op: str, a_shape, b_shape, out_shape, dtype: str = "int8", *,
+                 schedule: bool = True):
+    """TFLite's 8-bit MAXIMUM or MINIMUM (``op`` = "maximum" / "minimum", broadcasting) as a
+    PrimFunc ``(a, b, out)``. TFLite compares the raw 8-bit values and rescales nothing
+    (its converter gives both inputs and the output one quantization), so neither does
+    this."""
+    from tvm import te, tirx
+
+    _dtype(dtype, op.upper())
+    _check_broadcast(op.upper(), a_shape, b_shape, out_shape)
+    pick = {"maximum": tirx.max, "minimum": tirx.min}[op]
+    a = te.placeholder(tuple(a_shape), dtype, "a")
+    b = te.placeholder(tuple(b_shape), dtype, "b")
+    out = te.compute(tuple(out_shape),
+                     lambda *i: pick(a[tuple(_broadcast_index(a_shape, out_shape, i))],
+                                     b[tuple(_broadcast_index(b_shape, out_shape, i))]),
+                     name=op)
     return _finish((a, b, out), schedule, elementwise_schedule)
 
 

@@ -19,6 +19,9 @@ the flatbuffer (the sizes the model was converted with, which are the sizes the 
 imports it with), so such a RESHAPE is folded at compile time to its output's shape, and the shape arithmetic before it
 is left unused (dead code, removed by the pass).
 
+TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims`` a third
+argument); ``_convert_expand_dims`` replaces it.
+
 Each TFLite operator's result is bound to a Relax variable named ``op<index>_<code>``
 (``op12_hard_swish``, see ``operator_name`` / ``operator_of``): the pass reads which
 TFLite operator a chain of Relax calls came from (to choose TFLite's arithmetic for it,
@@ -79,6 +82,16 @@ def _fold_computed_reshape(original):
     return convert_reshape
 
 
+def _convert_expand_dims(self, op):
+    """EXPAND_DIMS: TVM 0.27's own converter calls ``relax.op.expand_dims`` with an extra
+    argument and fails on every model; this one inserts the axis the constant names."""
+    from tvm import relax
+
+    x_tensor, axis_tensor = self.get_input_tensors(op)
+    axis = int(np.asarray(self.get_tensor_value(axis_tensor)).reshape(-1)[0])
+    return relax.op.expand_dims(self.get_tensor_expr(x_tensor), axis)
+
+
 def _bind_named(converter, code: str, convert, positions: dict):
     """``convert`` with its result (a call) emitted as the variable ``op<index>_<code>``."""
 
@@ -114,5 +127,6 @@ def extend() -> None:
         return
     conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | EXACT_DATA_MOVEMENT_OPS
     conv.convert_reshape = _fold_computed_reshape(conv.convert_reshape)
+    conv.convert_expand_dims = _convert_expand_dims
     conv.__init__ = _naming_init(conv.__init__)
     setattr(conv, _MARK, True)

@@ -516,8 +516,8 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
     out_shape = _shape(quantize)
     y, act = _act_before(graph, quantize.args[0])
-    core = graph.call(y, "relax.add", "relax.multiply", "relax.mean", "relax.concat",
-                      "relax.nn.softmax", "relax.dequantize")
+    core = graph.call(y, "relax.add", "relax.multiply", "relax.maximum", "relax.minimum",
+                      "relax.mean", "relax.concat", "relax.nn.softmax", "relax.dequantize")
     if core is None:
         raise NotInteger("no integer kernel for this op")
     op = core.op.name.replace("relax.", "").replace("nn.", "")
@@ -542,6 +542,17 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         return _KernelCall(func, op, [a, b], [], out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
+    if op in ("maximum", "minimum"):  # raw 8-bit comparisons (TFLite rescales nothing)
+        (a, _), (b, _) = (_quantized_operand(graph, e, f"{op} input {i}")
+                          for i, e in enumerate(core.args))
+        if isinstance(a, np.ndarray):  # max and min are symmetric in a, b
+            a, b = b, a
+        if isinstance(a, np.ndarray):
+            raise NotInteger(f"{op} of two constants")
+        b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
+        func = ops.min_max_func(op, _shape(a), b_shape, out_shape)
+        inputs, consts = ([a], [b]) if isinstance(b, np.ndarray) else ([a, b], [])
+        return _KernelCall(func, op, inputs, consts, out_shape, record(f"{op}_s8", [a]))
     if op == "mean":
         x, x_q = _quantized_var(graph, core.args[0], "the mean input")
         axes = [int(v) for v in core.attrs.axis]

@@ -1,0 +1,206 @@
+"""Quantized ops that real CNNs use around their convolutions, each as a single-op model,
+compiled for every ISA level, run on the emulated device and compared with TFLite's
+reference kernels, bit for bit; the compile report must show no layer left in float.
+
+The cases are data (``CASES``: name, op, tensors, inputs, outputs, options): data
+movement the frontend imports exactly (STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE,
+EXPAND_DIMS, GATHER, SPLIT, PACK, PAD), MAXIMUM / MINIMUM (broadcast and constant
+forms), ADD / MUL with a constant per-channel operand (a batch-norm the converter
+folded), and MAX_POOL_2D with SAME and VALID padding whose windows cross every border.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tvm_armq import build, integrate
+from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.tflite_writer import single_op_model
+
+pytestmark = pytest.mark.device
+
+Q_IN, Q_B, Q_OUT = (0.05, 3), (0.02, -7), (0.04, -2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    name: str
+    op: str                  # tflite.BuiltinOperator name
+    tensors: tuple           # dicts for tflite_writer.single_op_model
+    inputs: tuple
+    outputs: tuple
+    options: object = None   # (BuiltinOptions name, function(tflite, builder) -> offset)
+
+
+def _i32(values):
+    values = np.asarray(values, np.int32)
+    return dict(shape=values.shape, dtype="int32", data=values)
+
+
+def _t(shape, q=Q_IN, data=None):
+    return dict(shape=shape, dtype="int8", q=q, data=data)
+
+
+def _const_int8(shape, seed):
+    return np.random.RandomState(seed).randint(-128, 128, shape).astype(np.int8)
+
+
+def _strided_slice_options(tfl, b):
+    tfl.StridedSliceOptionsStart(b)
+    return tfl.StridedSliceOptionsEnd(b)
+
+
+def _split_options(n):
+    def build_options(tfl, b):
+        tfl.SplitOptionsStart(b)
+        tfl.SplitOptionsAddNumSplits(b, n)
+        return tfl.SplitOptionsEnd(b)
+    return build_options
+
+
+def _squeeze_options(tfl, b):
+    tfl.SqueezeOptionsStartSqueezeDimsVector(b, 1)
+    b.PrependInt32(2)
+    dims = b.EndVector()
+    tfl.SqueezeOptionsStart(b)
+    tfl.SqueezeOptionsAddSqueezeDims(b, dims)
+    return tfl.SqueezeOptionsEnd(b)
+
+
+def _pack_options(tfl, b):
+    tfl.PackOptionsStart(b)
+    tfl.PackOptionsAddValuesCount(b, 2)
+    tfl.PackOptionsAddAxis(b, 1)
+    return tfl.PackOptionsEnd(b)
+
+
+def _gather_options(tfl, b):
+    tfl.GatherOptionsStart(b)
+    tfl.GatherOptionsAddAxis(b, 3)
+    return tfl.GatherOptionsEnd(b)
+
+
+def _pool_options(pool, stride, same):
+    def build_options(tfl, b):
+        tfl.Pool2DOptionsStart(b)
+        tfl.Pool2DOptionsAddPadding(b, tfl.Padding.SAME if same else tfl.Padding.VALID)
+        tfl.Pool2DOptionsAddStrideH(b, stride)
+        tfl.Pool2DOptionsAddStrideW(b, stride)
+        tfl.Pool2DOptionsAddFilterHeight(b, pool)
+        tfl.Pool2DOptionsAddFilterWidth(b, pool)
+        return tfl.Pool2DOptionsEnd(b)
+    return build_options
+
+
+def _binary(name, op, a_shape, b_shape, out_shape, b_const=False, options=None):
+    b = _t(b_shape, Q_B, _const_int8(b_shape, len(name)) if b_const else None)
+    return Case(name, op, (_t(a_shape), b, _t(out_shape, Q_OUT)), (0, 1), (2,), options)
+
+
+def _minmax(name, op, a_shape, b_shape, out_shape, b_const=False):
+    """MAXIMUM / MINIMUM: one quantization for every tensor, as TFLite's converter gives."""
+    b = _t(b_shape, Q_IN, _const_int8(b_shape, len(name)) if b_const else None)
+    return Case(name, op, (_t(a_shape), b, _t(out_shape)), (0, 1), (2,))
+
+
+def _add_options(tfl, b):
+    tfl.AddOptionsStart(b)
+    return tfl.AddOptionsEnd(b)
+
+
+def _mul_options(tfl, b):
+    tfl.MulOptionsStart(b)
+    return tfl.MulOptionsEnd(b)
+
+
+def _pool(name, in_hw, pool, stride, same):
+    out = [(n + stride - 1) // stride if same else (n - pool) // stride + 1 for n in in_hw]
+    return Case(name, "MAX_POOL_2D", (_t((1, *in_hw, 19)), _t((1, *out, 19))), (0,), (1,),
+                ("Pool2DOptions", _pool_options(pool, stride, same)))
+
+
+CASES = [
+    Case("strided_slice", "STRIDED_SLICE",
+         (_t((1, 9, 10, 7)), _i32([0, 1, 2, 0]), _i32([1, 8, 10, 7]), _i32([1, 2, 3, 1]),
+          _t((1, 4, 3, 7))), (0, 1, 2, 3), (4,),
+         ("StridedSliceOptions", _strided_slice_options)),
+    Case("slice", "SLICE", (_t((1, 8, 8, 21)), _i32([0, 2, 1, 3]), _i32([1, 5, 6, 17]),
+                            _t((1, 5, 6, 17))), (0, 1, 2), (3,)),
+    Case("transpose", "TRANSPOSE", (_t((1, 5, 6, 17)), _i32([0, 3, 1, 2]), _t((1, 17, 5, 6))),
+         (0, 1), (2,)),
+    Case("squeeze", "SQUEEZE", (_t((1, 7, 1, 19)), _t((1, 7, 19))), (0,), (1,),
+         ("SqueezeOptions", _squeeze_options)),
+    Case("expand_dims", "EXPAND_DIMS", (_t((1, 7, 19)), _i32([2]), _t((1, 7, 1, 19))), (0, 1),
+         (2,)),
+    Case("gather", "GATHER", (_t((1, 4, 5, 9)), _i32([8, 0, 3, 3, 5]), _t((1, 4, 5, 5))),
+         (0, 1), (2,), ("GatherOptions", _gather_options)),
+    Case("split", "SPLIT", (_i32(3), _t((1, 4, 4, 24)), _t((1, 4, 4, 8)), _t((1, 4, 4, 8)),
+                            _t((1, 4, 4, 8))), (0, 1), (2, 3, 4), ("SplitOptions", _split_options(3))),
+    Case("pack", "PACK", (_t((3, 17)), _t((3, 17)), _t((3, 2, 17))), (0, 1), (2,),
+         ("PackOptions", _pack_options)),
+    _minmax("maximum", "MAXIMUM", (1, 5, 6, 19), (1, 5, 6, 19), (1, 5, 6, 19)),
+    _minmax("minimum_broadcast", "MINIMUM", (1, 5, 6, 19), (1, 1, 1, 19), (1, 5, 6, 19)),
+    _minmax("maximum_const", "MAXIMUM", (1, 5, 6, 19), (19,), (1, 5, 6, 19), b_const=True),
+    _binary("mul_per_channel_const", "MUL", (1, 6, 5, 21), (21,), (1, 6, 5, 21), True,
+            ("MulOptions", _mul_options)),
+    _binary("add_per_channel_const", "ADD", (1, 6, 5, 21), (21,), (1, 6, 5, 21), True,
+            ("AddOptions", _add_options)),
+    _binary("mul_const_first_axes", "MUL", (2, 3, 33), (1, 3, 1), (2, 3, 33), True,
+            ("MulOptions", _mul_options)),
+    _pool("max_pool_same_3x3_s2", (9, 10), 3, 2, True),
+    _pool("max_pool_same_2x2_s2_odd", (7, 7), 2, 2, True),
+    _pool("max_pool_same_3x3_s1", (5, 6), 3, 1, True),
+    _pool("max_pool_valid_3x3_s2", (9, 10), 3, 2, False),
+]
+
+
+def _model(case: Case) -> bytes:
+    import tflite
+
+    options = None
+    if case.options is not None:
+        kind, make = case.options
+        options = (getattr(tflite.BuiltinOptions, kind), lambda b: make(tflite, b))
+    tensors = [{k: v for k, v in t.items() if v is not None} for t in case.tensors]
+    return single_op_model(getattr(tflite.BuiltinOperator, case.op), tensors,
+                           list(case.inputs), list(case.outputs), options, version=1)
+
+
+@pytest.fixture(scope="module")
+def results(devices, tmp_path_factory):
+    """level -> case name -> [(tvm_armq outputs, TFLite outputs, report) per seed]."""
+    cache: dict = {}
+
+    def get(level):
+        if level not in cache:
+            tmp = tmp_path_factory.mktemp(f"ops-{level}")
+            built = {}
+            for case in CASES:
+                model, report = TFLiteModel.load(_model(case)), []
+                lib = build.export_aarch64(build.compile_tflite(model, level, report=report),
+                                           tmp / f"{case.name}.so")
+                built[case.name] = (model, lib, report)
+            session = devices.session(level)
+            cache[level] = {}
+            for name, (model, lib, report) in built.items():
+                run = build.DeviceModel(session, lib)
+                cache[level][name] = [(run(x), model.reference_outputs(x), report)
+                                      for x in (model.random_inputs(seed) for seed in (0, 1))]
+        return cache[level]
+
+    return get
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES])
+def test_op_is_integer_and_bit_exact(results, level, name):
+    for got, expected, report in results(level)[name]:
+        floats = [r.line() for r in report if isinstance(r, integrate.Fallback)]
+        assert floats == [], floats
+        assert len(got) == len(expected) > 0
+        for g, e in zip(got, expected):
+            assert g.shape == e.shape and g.dtype == e.dtype
+            np.testing.assert_array_equal(g, e, err_msg=f"{name} at {level}")
+            assert len(np.unique(e)) > min(16, e.size // 4), "outputs must vary"
