@@ -313,7 +313,11 @@ class DeviceModel:
         import tvm
 
         args = [tvm.runtime.tensor(np.ascontiguousarray(x), self.dev) for x in inputs]
-        return _to_numpy(self.vm[self.entry](*args))
+        # The stateful calls, not vm[entry](*args): over RPC a tuple of outputs comes back
+        # from a plain call as one opaque remote object; get_outputs fetches each field.
+        self.vm.set_input(self.entry, *args)
+        self.vm.invoke_stateful(self.entry)
+        return _to_numpy(self.vm.get_outputs(self.entry))
 
 
 def run_on_device(session, library: str | os.PathLike, inputs: list[np.ndarray],
