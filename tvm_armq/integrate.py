@@ -51,6 +51,7 @@ import dataclasses
 
 import numpy as np
 
+from .frontend import operator_of
 from .tflite_layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
                             activation_range)
 
@@ -83,7 +84,11 @@ class Fallback:
     reason: str
 
     def line(self) -> str:
-        return f"{self.op:17s} {self.name:41s} stays float: {self.reason}"
+        where = self.name
+        tflite_op = operator_of(self.name)
+        if tflite_op is not None:  # the TFLite operator the layer came from (frontend.py)
+            where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"
+        return f"{self.op:17s} {where:41s} stays float: {self.reason}"
 
 
 class NotInteger(Exception):
