@@ -242,6 +242,10 @@ def export_aarch64(executable, path: str | os.PathLike) -> Path:
         raise RuntimeError(f"{CROSS_CXX} not found: install Debian's g++-aarch64-linux-gnu "
                            "(or run `python -m tvm_armq device provision`)")
     path = Path(path)
+    existing = next(p for p in path.parents if p.exists())
+    if not existing.is_dir():  # mkdir would say "File exists", which misleads
+        raise OutputError(f"cannot write {path}: {existing} is a file, not a directory "
+                          "(choose another -o)")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".so", dir=path.parent)

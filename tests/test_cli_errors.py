@@ -1,0 +1,428 @@
+"""Every way a user's command can fail ends in one ``tvm-armq: error:`` line, the exit status
+of its class (``cli.EXIT_CODES``) and no traceback; the files it was given are unchanged.
+
+Each case runs the real command line in a subprocess (and, where there is one, the Python
+API call behind it). Models are written here with ``tflite_writer`` (one FULLY_CONNECTED
+layer in int8, int16x8 and float32), so no case needs TensorFlow. Cases that need a device
+(a crash from the wrong ISA level, outputs that differ, tuning) are marked ``device``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tvm_armq import cli, device, tuning
+
+# Exit statuses, as cli.EXIT_CODES assigns them.
+USAGE, MODEL, UNSUPPORTED, TARGET, DEVICE, DATABASE, OUTPUT, DIFFER, TRIALS_FAILED = range(2, 11)
+# A hung endpoint's test waits --timeout HUNG_TIMEOUT; the command may take this much longer
+# to start Python, import TVM and report (the CI machine is slow and busy).
+HUNG_TIMEOUT = 3
+STARTUP_SLACK = 45
+
+
+def tvm_armq(*args, cwd=None, env=None, timeout=900):
+    return subprocess.run([sys.executable, "-m", "tvm_armq", *map(str, args)],
+                          capture_output=True, text=True, timeout=timeout, cwd=cwd, env=env)
+
+
+def error_of(res, code: int, *says: str) -> str:
+    """The command failed with ``code``, one error line that contains every ``says``, and
+    no traceback; returns that line."""
+    assert "Traceback" not in res.stderr, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("tvm-armq: error: ")]
+    assert len(errors) == 1, res.stderr[-3000:]
+    for text in says:
+        assert text in errors[0], errors[0]
+    assert res.returncode == code, (res.returncode, res.stderr[-3000:])
+    return errors[0]
+
+
+def digest(*paths) -> list[str]:
+    """Content hashes of files (recursively for directories), to prove they did not change."""
+    out = []
+    for p in map(Path, paths):
+        files = sorted(f for f in p.rglob("*") if f.is_file()) if p.is_dir() else [p]
+        out += [hashlib.sha256(f.read_bytes()).hexdigest() for f in files]
+    return out
+
+
+# ------------------------------------------------------------------ models
+def fully_connected(act: str, k: int = 16, n: int = 8) -> bytes:
+    """A one-layer model: FULLY_CONNECTED of a 1 x k input to n outputs, in ``act``
+    (int8 or int16 activations with int8 weights, or float32 throughout)."""
+    import tflite
+
+    from tvm_armq.tflite_writer import single_op_model
+
+    rng = np.random.default_rng(0)
+    quantized = act != "float32"
+    if quantized:
+        w = rng.integers(-127, 127, (n, k), endpoint=True).astype(np.int8)
+        b = np.zeros(n, np.int64 if act == "int16" else np.int32)
+    else:
+        w = rng.standard_normal((n, k)).astype(np.float32)
+        b = rng.standard_normal(n).astype(np.float32)
+    q = (lambda scale: (scale, 0)) if quantized else (lambda scale: None)
+    tensors = [dict(shape=(1, k), dtype=act, q=q(0.05)),
+               dict(shape=(n, k), dtype=w.dtype.name, q=q(0.01), data=w),
+               dict(shape=(n,), dtype=b.dtype.name, q=q(0.0005), data=b),
+               dict(shape=(1, n), dtype=act, q=q(0.1))]
+
+    def options(builder):
+        tflite.FullyConnectedOptionsStart(builder)
+        return tflite.FullyConnectedOptionsEnd(builder)
+
+    return single_op_model(tflite.BuiltinOperator.FULLY_CONNECTED, tensors, [0, 1, 2], [3],
+                           (tflite.BuiltinOptions.FullyConnectedOptions, options))
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> path: int8, int16 (16x8), float, truncated and flipped (the int8 model's
+    bytes, cut in half / with its root table offset flipped), a long float dot product."""
+    folder = tmp_path_factory.mktemp("models")
+    int8 = fully_connected("int8")
+    files = {"int8": int8, "int16": fully_connected("int16"),
+             "float": fully_connected("float32"),
+             # a dot product long enough that a vectorized float sum rounds differently
+             # from TFLite's sequential reference loop
+             "float_long": fully_connected("float32", k=4096),
+             "truncated": cli.BUNDLED_MODEL.read_bytes()[:480184],
+             "flipped": bytes([int8[0] ^ 0xFF]) + int8[1:]}
+    paths = {}
+    for name, data in files.items():
+        paths[name] = folder / f"{name}.tflite"
+        paths[name].write_bytes(data)
+    return paths
+
+
+# ------------------------------------------------------------------ bad model files
+@pytest.mark.parametrize("kind", ["truncated", "flipped"])
+@pytest.mark.parametrize("command", ["compile", "inspect", "run", "tune"])
+def test_corrupt_model_is_rejected_by_tflites_verifier(models, kind, command, tmp_path):
+    before = digest(models[kind])
+    extra = {"compile": ["-o", tmp_path / "m.so"], "tune": ["--work-dir", tmp_path / "w"]}
+    res = tvm_armq(command, models[kind], *extra.get(command, []), "--isa", "neon")
+    error_of(res, MODEL, str(models[kind]), "TFLite's flatbuffer verifier rejects it",
+             "not a valid Flatbuffer")
+    assert digest(models[kind]) == before and not (tmp_path / "m.so").exists()
+
+
+def test_corrupt_model_in_python():
+    import tvm_armq
+    from tvm_armq.tflite_model import ModelError
+
+    with pytest.raises(ModelError, match="flatbuffer verifier rejects it"):
+        tvm_armq.compile_tflite(cli.BUNDLED_MODEL.read_bytes()[:1000], "neon")
+
+
+def test_debug_shows_the_traceback(models, tmp_path):
+    res = tvm_armq("compile", models["truncated"], "-o", tmp_path / "m.so", "--debug")
+    assert res.returncode == MODEL
+    assert "Traceback" in res.stderr and "ModelError" in res.stderr
+    assert res.stderr.strip().splitlines()[-1].startswith("tvm-armq: error: ")
+
+
+# ------------------------------------------------------------------ unsupported models
+@pytest.mark.parametrize("command", ["compile", "inspect"])
+def test_int16x8_model_names_the_tensor_and_dtype(models, command, tmp_path):
+    before = digest(models["int16"])
+    res = tvm_armq(command, models["int16"], *(["-o", tmp_path / "m.so"]
+                                               if command == "compile" else []))
+    error_of(res, UNSUPPORTED, str(models["int16"]), "tensor 0", "int16 (16x8 quantization",
+             "int8 quantization")
+    assert digest(models["int16"]) == before
+
+
+def test_int16x8_model_in_python(models):
+    import tvm_armq
+    from tvm_armq import build
+
+    with pytest.raises(build.UnsupportedModel, match="is int16"):
+        tvm_armq.compile_tflite(models["int16"], "i8mm")
+
+
+def test_strict_refuses_a_model_with_no_quantized_layer(models, tmp_path):
+    res = tvm_armq("compile", models["float"], "--strict", "-o", tmp_path / "m.so")
+    error_of(res, UNSUPPORTED, "strict", str(models["float"]), "has no quantized layer")
+    assert not (tmp_path / "m.so").exists()
+    # without --strict the float model compiles (stock TVM float code)
+    res = tvm_armq("compile", models["float"], "-o", tmp_path / "m.so")
+    assert res.returncode == 0, res.stderr
+    assert "0 of 0 quantized layers" in res.stdout
+
+
+def test_strict_refuses_a_target_tvm_armq_does_not_compile_for(models):
+    import tvm
+    import tvm_armq
+    from tvm_armq import build
+
+    with pytest.raises(build.UnsupportedTarget, match="strict: llvm .* not a target tvm_armq"):
+        tvm_armq.compile_tflite(models["int8"], "llvm", strict=True)
+    with pytest.raises(tvm.error.OpNotImplemented, match="no quantized layer"):
+        tvm_armq.compile_tflite(models["float"], "i8mm", strict=True)
+
+
+def test_bf16_on_neon_says_which_feature_and_level(models, tmp_path):
+    res = tvm_armq("compile", models["float"], "--precision", "bf16", "--isa", "neon",
+                   "-o", tmp_path / "m.so")
+    line = error_of(res, TARGET, "bf16 extension (+bf16)", "cortex-a72", "--isa i8mm")
+    assert "{" not in line  # no JSON dump of the target
+
+
+# ------------------------------------------------------------------ arguments
+@pytest.mark.parametrize("args, says", [
+    (["run", "--seed", "-1"], "--seed: -1 is negative"),
+    (["run", "--timeout", "0"], "positive number of seconds"),
+    (["run", "--device", "host:port"], "HOST:PORT"),
+])
+def test_bad_arguments_exit_2(args, says):
+    error_of(tvm_armq(*args), USAGE, says)
+
+
+# ------------------------------------------------------------------ -o
+def test_output_never_overwrites_the_model(models, tmp_path):
+    model = tmp_path / "m.tflite"
+    shutil.copy(models["int8"], model)
+    before = digest(model)
+    res = tvm_armq("compile", model, "--isa", "neon", "-o", model)
+    error_of(res, OUTPUT, "is the input", "choose another -o")
+    res = tvm_armq("compile", model, "--isa", "neon", "-o", model, "--force")
+    error_of(res, OUTPUT, "is the input")  # --force does not make destroying it right
+    assert digest(model) == before
+
+
+def test_output_refuses_a_directory_and_a_file_that_is_not_a_module(models, tmp_path):
+    error_of(tvm_armq("compile", models["int8"], "-o", tmp_path), OUTPUT, "is a directory")
+    notes = tmp_path / "notes.txt"
+    notes.write_text("mine\n")
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", notes)
+    error_of(res, OUTPUT, "exists and is not a compiled module", "--force")
+    assert notes.read_text() == "mine\n"
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", notes, "--force")
+    assert res.returncode == 0, res.stderr
+    assert notes.read_bytes()[:4] == b"\x7fELF"
+    # a compiled module is replaced without --force: that is what rebuilding means
+    res = tvm_armq("compile", models["int8"], "--isa", "dotprod", "-o", notes)
+    assert res.returncode == 0, res.stderr
+
+
+def test_output_that_cannot_be_written(models, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", blocker / "m.so")
+    error_of(res, OUTPUT, f"cannot write {blocker / 'm.so'}", f"{blocker} is a file")
+    assert blocker.read_text() == "x"
+
+
+def test_default_output_is_the_current_directory(models, tmp_path):
+    before = sorted(p.name for p in models["int8"].parent.iterdir())
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert (tmp_path / "int8.so").read_bytes()[:4] == b"\x7fELF"
+    assert sorted(p.name for p in models["int8"].parent.iterdir()) == before
+
+
+# ------------------------------------------------------------------ tuning databases
+@pytest.mark.parametrize("command", ["compile", "inspect"])
+def test_garbage_tuning_directory(models, command, tmp_path):
+    db = tmp_path / "db"
+    db.mkdir()
+    (db / tuning.SUMMARY_FILE).write_text("garbage")
+    before = digest(db)
+    res = tvm_armq(command, models["int8"], "--tuning", db,
+                   *(["-o", tmp_path / "m.so"] if command == "compile" else []))
+    error_of(res, DATABASE, str(db / tuning.SUMMARY_FILE), "not a tvm_armq tuning summary")
+    assert digest(db) == before and not (tmp_path / "m.so").exists()
+
+
+# ------------------------------------------------------------------ unreachable endpoints
+@pytest.fixture
+def closed_port():
+    """A loopback port nothing listens on (bound, then released)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def hung_port():
+    """A loopback port that accepts connections and never sends a byte."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stop = [], threading.Event()
+
+    def accept():
+        server.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(server.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join()
+    for c in held:
+        c.close()
+    server.close()
+
+
+@pytest.mark.parametrize("form", ["device", "tracker"])
+def test_closed_port_names_the_endpoint(models, closed_port, form):
+    where = f"127.0.0.1:{closed_port}" + (":board" if form == "tracker" else "")
+    res = tvm_armq("run", models["int8"], "--device", where, "--timeout", HUNG_TIMEOUT)
+    what = "device" if form == "device" else "RPC tracker"
+    error_of(res, DEVICE, f"{what} 127.0.0.1:{closed_port}", "connection refused")
+
+
+def test_unknown_host(models):
+    res = tvm_armq("run", models["int8"], "--device", "no-such-host.invalid:9090")
+    error_of(res, DEVICE, "no-such-host.invalid:9090", "unknown host")
+
+
+def test_dead_tracker_fails_tune_at_once(models, closed_port, tmp_path):
+    res = tvm_armq("tune", models["int8"], "--work-dir", tmp_path / "w",
+                   "--rpc-tracker", f"127.0.0.1:{closed_port}", "--key", "board")
+    error_of(res, DEVICE, f"RPC tracker 127.0.0.1:{closed_port}", "connection refused")
+
+
+def test_tracker_without_the_key(models, tmp_path):
+    with tuning._local_tracker(tmp_path) as (host, port):
+        res = tvm_armq("tune", models["int8"], "--work-dir", tmp_path / "w",
+                       "--rpc-tracker", f"{host}:{port}", "--key", "no-such-board")
+    error_of(res, DEVICE, "no device is registered under key 'no-such-board'",
+             f"{host}:{port}")
+
+
+@pytest.mark.parametrize("args, says", [
+    (["run", "--device", "127.0.0.1:{port}"], "did not complete the TVM RPC handshake"),
+    (["run", "--device", "127.0.0.1:{port}:board"], "did not answer the tracker handshake"),
+    (["tune", "--work-dir", "{tmp}/w", "--rpc-tracker", "127.0.0.1:{port}", "--key", "b"],
+     "did not answer the tracker handshake"),
+])
+def test_hung_endpoint_ends_within_the_timeout(models, hung_port, tmp_path, args, says):
+    """A socket that accepts and never answers: the command ends after --timeout."""
+    args = [a.format(port=hung_port, tmp=tmp_path) for a in args]
+    started = time.monotonic()
+    res = tvm_armq(args[0], models["int8"], *args[1:], "--timeout", HUNG_TIMEOUT,
+                   timeout=HUNG_TIMEOUT + STARTUP_SLACK)
+    took = time.monotonic() - started
+    error_of(res, DEVICE, f"127.0.0.1:{hung_port}", says, f"within {HUNG_TIMEOUT} s")
+    assert HUNG_TIMEOUT <= took < HUNG_TIMEOUT + STARTUP_SLACK, took
+
+
+# ------------------------------------------------------------------ device stop
+def _record(run_dir: Path, proc: subprocess.Popen, started: float) -> Path:
+    dev = device.Device("neon", device.Endpoint("127.0.0.1", 1), proc.pid,
+                        run_dir / "neon.log", None, started)
+    path = run_dir / f"neon-{proc.pid}.json"
+    path.write_text(json.dumps(dev.to_json()))
+    return path
+
+
+@pytest.mark.parametrize("case", ["another program", "same script, later start"])
+def test_device_stop_never_signals_a_reused_pid(tmp_path, case):
+    """The run directory names a pid that is not (or no longer) the device: `device stop`
+    leaves that process alone and drops the stale record."""
+    import psutil
+
+    argv = [sys.executable, "-c", "import time; time.sleep(600)"]
+    if case != "another program":  # looks like the device, but started at another time
+        argv.append(f"/nowhere/{device.SERVER_SCRIPT}")
+    proc = subprocess.Popen(argv, start_new_session=True)
+    try:
+        started = psutil.Process(proc.pid).create_time()
+        record = _record(tmp_path, proc, started - 1000.0 if case != "another program"
+                         else started)
+        res = tvm_armq("device", "stop", "--isa", "neon",
+                       env=dict(os.environ, TVM_ARMQ_RUN_DIR=str(tmp_path)))
+        assert res.returncode == 0, res.stderr
+        assert "neon: was not running" in res.stdout
+        assert f"pid {proc.pid}" in res.stderr and "not signalled" in res.stderr
+        assert proc.poll() is None, "the unrelated process must not have been signalled"
+        assert not record.exists()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+
+
+# ------------------------------------------------------------------ on a device
+@pytest.mark.device
+def test_code_of_a_higher_isa_level_on_a_lower_device(devices, models):
+    """dotprod code (sdot) on the neon device: the session dies with SIGILL; the command
+    probes the device and says what it lacks and which --isa to compile with."""
+    endpoint = devices.endpoint("neon")
+    res = tvm_armq("run", models["int8"], "--isa", "dotprod", "--device", endpoint)
+    error_of(res, DEVICE, f"the device at {endpoint} lacks sdot (Armv8.2 +dotprod)",
+             "compile with --isa neon")
+
+
+@pytest.mark.device
+def test_run_exits_9_when_outputs_differ_and_says_by_how_much(devices, models):
+    """A float model: TVM's vectorized dot product rounds differently from TFLite's
+    sequential reference loop, so the outputs are close but not equal."""
+    endpoint = devices.endpoint("neon")
+    before = digest(models["float_long"])
+    res = tvm_armq("run", models["float_long"], "--isa", "neon", "--device", endpoint)
+    line = error_of(res, DIFFER, "outputs differ from TFLite's reference kernels by up to",
+                    "tolerance 0", "output 0")
+    worst = float(line.split("by up to ")[1].split()[0])
+    assert 0 < worst < 1e-2, line
+    assert f"max abs difference against TFLite: {worst:g}" in res.stdout
+    res = tvm_armq("run", models["float_long"], "--isa", "neon", "--device", endpoint,
+                   "--tolerance", "1e-2")
+    assert res.returncode == 0, res.stderr
+    assert digest(models["float_long"]) == before
+
+
+@pytest.mark.device
+def test_tuning_failures_mismatched_database_and_per_trial_progress(models, tmp_path):
+    """One tracker and one emulated neon board: a neon run measures every trial (and the
+    bar advances per trial); a dotprod run on the same board fails every trial (SIGILL)
+    and exits 10; the neon database given to a dotprod compile is reported, not ignored."""
+    key = "armq-cli-errors"
+    with tuning._local_tracker(tmp_path) as (host, port):
+        board = tuning._start_emulated("neon", f"{host}:{port}", key)
+        try:
+            common = ["--rpc-tracker", f"{host}:{port}", "--key", key]
+            neon_db = tmp_path / "neon-db"
+            res = tvm_armq("tune", models["int8"], "--isa", "neon", "--trials", 2,
+                           "--work-dir", neon_db, *common)
+            assert res.returncode == 0, res.stderr[-3000:]
+            assert "2 trials (0 failed)" in res.stdout
+            bar = res.stderr.replace("\r", "\n")
+            assert " 1/2 [" in bar and " 2/2 [" in bar, bar  # one step per measured trial
+            res = tvm_armq("tune", models["int8"], "--isa", "dotprod", "--trials", 1,
+                           "--work-dir", tmp_path / "dotprod-db", *common)
+            error_of(res, TRIALS_FAILED, "all 1 trials failed", key,
+                     str(tmp_path / "dotprod-db" / tuning.LOG_FILE))
+        finally:
+            board.stop()
+    before = digest(neon_db)
+    for command in ("compile", "inspect"):
+        res = tvm_armq(command, models["int8"], "--isa", "dotprod", "--tuning", neon_db,
+                       *(["-o", tmp_path / "m.so"] if command == "compile" else []))
+        error_of(res, DATABASE, f"tuning database {neon_db} was tuned for", "cortex-a72",
+                 "neoverse-n1", "compile with --isa neon")
+    assert digest(neon_db) == before and not (tmp_path / "m.so").exists()
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", "--tuning", neon_db,
+                   "-o", tmp_path / "m.so")
+    assert res.returncode == 0, res.stderr
