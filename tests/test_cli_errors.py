@@ -338,6 +338,15 @@ def test_hung_endpoint_ends_within_the_timeout(models, hung_port, tmp_path, args
     assert HUNG_TIMEOUT <= took < HUNG_TIMEOUT + STARTUP_SLACK, took
 
 
+@pytest.mark.parametrize("key", [None, "board"])
+def test_hung_endpoint_in_python(hung_port, key):
+    endpoint = device.Endpoint("127.0.0.1", hung_port, key)
+    started = time.monotonic()
+    with pytest.raises(device.DeviceUnreachable, match=f"127.0.0.1:{hung_port}.* within 3 s"):
+        endpoint.connect(timeout=HUNG_TIMEOUT)
+    assert time.monotonic() - started < HUNG_TIMEOUT + STARTUP_SLACK
+
+
 # ------------------------------------------------------------------ device stop
 def _record(run_dir: Path, proc: subprocess.Popen, started: float) -> Path:
     dev = device.Device("neon", device.Endpoint("127.0.0.1", 1), proc.pid,
@@ -368,6 +377,11 @@ def test_device_stop_never_signals_a_reused_pid(tmp_path, case):
         assert f"pid {proc.pid}" in res.stderr and "not signalled" in res.stderr
         assert proc.poll() is None, "the unrelated process must not have been signalled"
         assert not record.exists()
+        # the Python API: a Device record of that pid does not signal it either
+        device.Device("neon", device.Endpoint("127.0.0.1", 1), proc.pid, tmp_path / "x.log",
+                      None, started - 1000.0).stop()
+        time.sleep(0.5)
+        assert proc.poll() is None
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
@@ -432,6 +446,11 @@ def test_tuning_failures_mismatched_database_and_per_trial_progress(models, tmp_
         error_of(res, DATABASE, f"tuning database {neon_db} was tuned for", "cortex-a72",
                  "neoverse-n1", "compile with --isa neon")
     assert digest(neon_db) == before and not (tmp_path / "m.so").exists()
+    import tvm_armq
+    from tvm_armq import build
+
+    with pytest.raises(build.TuningTargetMismatch, match="compile with --isa neon"):
+        tvm_armq.compile_tflite(models["int8"], "dotprod", tuning_database=neon_db)
     res = tvm_armq("compile", models["int8"], "--isa", "neon", "--tuning", neon_db,
                    "-o", tmp_path / "m.so")
     assert res.returncode == 0, res.stderr

@@ -61,6 +61,8 @@ class AllTrialsFailed(Exception):
     """``tune``: not one trial was measured."""
 
 
+# An error line longer than this is cut (a device's log tail is thousands of characters).
+MAX_ERROR_CHARS = 2000
 EXIT_INTERNAL = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
@@ -103,6 +105,9 @@ def error_line(error: BaseException) -> str:
     text = str(error).split("Stack trace:")[0]
     lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
     message = "; ".join(lines) or type(error).__name__
+    if len(message) > MAX_ERROR_CHARS:  # a device's log tail, a long layer list
+        message = (message[:MAX_ERROR_CHARS].rstrip() + f" ... ({len(message)} characters; "
+                   "--debug prints the whole message)")
     if exit_code(error) == EXIT_INTERNAL:
         return (f"internal error ({type(error).__name__}: {message}); rerun with --debug "
                 "for the traceback and report it")
