@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -385,6 +386,24 @@ def test_device_stop_never_signals_a_reused_pid(tmp_path, case):
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+
+
+# ------------------------------------------------------------------ progress
+@pytest.mark.device
+def test_provisioning_shows_download_and_unpack_progress(tmp_path):
+    """A fresh TVM_ARMQ_HOME: `device provision` fetches the sysroot's Debian packages and
+    the aarch64 wheels again, and says so as it goes (apt's Get: lines, pip's progress,
+    a count and size of what came, each file it unpacks)."""
+    res = tvm_armq("device", "provision", env=dict(os.environ, TVM_ARMQ_HOME=str(tmp_path)))
+    assert res.returncode == 0, res.stderr[-3000:]
+    log = res.stderr
+    assert "Get:1 " in log  # apt-get download, per package
+    assert re.search(r"downloaded \d+ packages, \d+ MB", log), log[-3000:]
+    assert re.search(r"unpacking 1/\d+: \S+\.deb", log)
+    assert "Downloading apache_tvm-" in log and " MB" in log  # pip, per wheel
+    assert re.search(r"downloaded \d+ wheels, \d+ MB", log)
+    assert re.search(r"unpacking 1/\d+: apache_tvm-\S+\.whl \(\d+\.\d MB\)", log)
+    assert f"provisioned in {tmp_path}" in res.stdout
 
 
 # ------------------------------------------------------------------ on a device
