@@ -19,6 +19,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from armq_checks import output_pairs
 
 from tvm_armq import build, hooks, zoo
 from tvm_armq.tflite_model import TFLiteModel
@@ -45,6 +46,12 @@ BOUNDS = {
     # the float path rounds the float mean, and about half the windows land
     # one step apart.
     "avg_pool": Bound(1, 0.6, why="float mean vs TFLite's rounded integer division"),
+    # TFLite's QUANTIZE (int8 -> int8, in front of one concatenation input) multiplies by
+    # s_in / s_out = 0.4 as a doubling high multiply by 0.8 and a rounding shift by one:
+    # the first rounding makes half-way cases of the second (1 * 0.8 -> 1 -> 0.5 -> 1,
+    # where float rounds 0.4 to 0). Measured: 400 of the 4096 outputs (9.8%, all in the
+    # requantized half), one step apart.
+    "concat_requant": Bound(1, 0.12, why="TFLite's requantization rounds twice, float once"),
     # In a net the one-step differences of each layer feed the next one and
     # grow; a 1000-way dense layer at the end spreads them over every output.
     "mobilenet_v1_0.25": Bound(24, 1.0, 0.95, "per-layer rounding differences accumulate"),
@@ -68,11 +75,10 @@ def test_stock_tvm_matches_tflite(devices, level, name, zoo_model, tmp_path, rep
     lib = build.export_aarch64(exe, tmp_path / "model.so")
     got = build.run_on_device(devices.session(level), lib, inputs)
 
-    assert len(got) == len(expected)
     bound = BOUNDS.get(name, ONE_OP)
-    for g, e in zip(got, expected):
-        assert g.shape == e.shape and g.dtype == e.dtype
-        diff = np.abs(g.astype(np.int32) - e.astype(np.int32))
+    # output_pairs: as many outputs as TFLite's, of its shapes, each one really varying
+    # (so that agreement means something)
+    for g, e, diff in output_pairs(got, expected, f"{name} at {level}"):
         frac = float((diff > 0).mean())
         corr = float(np.corrcoef(g.ravel(), e.ravel())[0, 1]) if g.size > 1 else 1.0
         report(f"stock TVM  {name:18s} {level:8s} max|diff| {diff.max():3d}  "
@@ -81,8 +87,6 @@ def test_stock_tvm_matches_tflite(devices, level, name, zoo_model, tmp_path, rep
         assert diff.max() <= bound.max_abs, bound.why
         assert frac <= bound.max_fraction, bound.why
         assert corr >= bound.min_corr, bound.why
-        # Not degenerate: the model's output really varies, so agreement means something.
-        assert len(np.unique(e)) > min(4, e.size - 1)
 
 
 def test_stock_frontend_refuses_quantized_pad(zoo_model):

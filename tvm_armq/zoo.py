@@ -37,8 +37,11 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
                     gives all three tensors one scale (``concat``).  An int8
                     CONCATENATION itself cannot requantize: TFLite's Prepare refuses
                     inputs whose scale differs from the output's.
-  logistic          LOGISTIC (sigmoid) on 1x16x16x8: tvm_armq has no integer kernel
-                    for it, so it tests the float fallback
+  logistic          LOGISTIC (sigmoid) on 1x16x16x8, input calibrated on [-4, 4] (an
+                    8-bit table of TFLite's arithmetic in tvm_armq)
+  sub               SUB of two 1x16x16x8 inputs calibrated on different ranges:
+                    tvm_armq has no integer kernel for it, so it tests the float
+                    fallback (dequantize -> subtract -> quantize)
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -389,7 +392,6 @@ def _build_add(rng):
 
 
 def _build_logistic(rng):
-    # LOGISTIC: tvm_armq has no integer kernel for it; the model tests the float fallback.
     return _single_layer([_X8], lambda L: L.Activation("sigmoid", name="logistic"), rng)
 
 
@@ -429,6 +431,13 @@ def _build_mul(rng):
 
 def _build_softmax(rng):
     return _single_layer([_SOFTMAX_IN], lambda L: L.Softmax(axis=-1, name="softmax"), rng)
+
+
+def _build_sub(rng):
+    # SUB: tvm_armq has no integer kernel for it; the model tests the float fallback.
+    keras = _tf().keras
+    a, b = _inputs([_X8, _X8])
+    return keras.Model([a, b], keras.layers.Subtract(name="sub")([a, b]))
 
 
 def _build_mean(rng):
@@ -610,10 +619,13 @@ _SPECS: tuple[ModelSpec, ...] = (
               "CONCATENATION on channels of two inputs with different scales: a "
               "QUANTIZE requantizes one of them first (legacy quantizer)",
               op="CONCATENATION", input_ranges=_TWO_RANGES, legacy_quantizer=True),
-    # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
     ModelSpec("logistic", _build_logistic, (_X8,),
-              "LOGISTIC (sigmoid), 8 ch: no tvm_armq kernel, stays float QDQ",
+              "LOGISTIC (sigmoid), 8 ch, input calibrated on [-4, 4]",
               op="LOGISTIC", input_ranges=((-4.0, 4.0),)),
+    ModelSpec("sub", _build_sub, (_X8, _X8),
+              "SUB of two inputs with different scales: no tvm_armq kernel, stays "
+              "float QDQ", op="SUB", input_ranges=_TWO_RANGES),
+    # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
     ModelSpec("mobilenet_v1_0.25", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
               "Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
               calib_samples=32),

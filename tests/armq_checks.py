@@ -1,0 +1,131 @@
+"""Checks the tests share, written so that they can fail.
+
+Two kinds of guard are easy to write so that they pass vacuously; these helpers are
+the one place where they are written carefully:
+
+* ``assert_alive`` / ``output_pairs``: "the compiled model equals TFLite" means little
+  when TFLite's output hardly varies (a net whose logits collapsed onto a few values, a
+  softmax whose probabilities all round to its zero point). Every output of every model
+  a test compares must vary in proportion to its size, and a model must have outputs.
+* ``function_asm`` / ``assert_functions_use``: "the kernel's instructions are in the
+  assembly" must hold for each compiled function (not somewhere in a module of many),
+  by mnemonic (``addp`` is not ``faddp``, ``sdot`` is not ``usdot``), and fails when
+  there is nothing to look for or no such function.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+# ------------------------------------------------------------------ outputs that vary
+
+# An output of n int8 elements can take at most min(n, 256) distinct values. A live one
+# takes at least this share of them (the zoo's outputs: 7 to 10 of 8-16 logits or
+# channels, 61 of 256 and more of everything larger, e.g. 126-180 of the MobileNets'
+# 1000 logits); a collapsed one takes a handful.
+MIN_DISTINCT_SHARE = 1 / 4
+# No one value may hold more than this share of the output. Not one half: a fused ReLU
+# clamps about half of a zero-centred layer onto its zero point by design, more when the
+# biases lean negative (the zoo's fully_connected: 10 of its 16 outputs, 0.625). A
+# collapsed output puts nearly all its elements on one value.
+MAX_MODE_SHARE = 2 / 3
+
+
+def assert_alive(expected: np.ndarray, what: str) -> None:
+    """Fail unless ``expected`` (a reference output) really varies: at least
+    ``MIN_DISTINCT_SHARE`` of the min(size, 256) values it could take, and no value on
+    more than ``MAX_MODE_SHARE`` of its elements. Both bounds scale with the size, so
+    five distinct values among 1000 logits fail where they would pass a fixed count."""
+    e = np.asarray(expected)
+    assert e.size > 0, f"{what}: empty output"
+    values, counts = np.unique(e, return_counts=True)
+    need = math.ceil(MIN_DISTINCT_SHARE * min(e.size, 256))
+    assert len(values) >= need, (f"{what}: collapsed output, {len(values)} distinct values "
+                                 f"in {e.size} elements (at least {need} expected)")
+    mode = int(counts.argmax())
+    share = counts[mode] / e.size
+    assert share <= MAX_MODE_SHARE, (f"{what}: collapsed output, {values[mode]} holds "
+                                     f"{share:.0%} of its {e.size} elements")
+
+
+def output_pairs(got: list, expected: list, what: str) -> list:
+    """[(got, expected, |got - expected| as int32)] per output, after checking that there
+    is at least one output, as many as TFLite has, each of TFLite's shape and dtype, and
+    each of TFLite's outputs alive (``assert_alive``). A loop over the result therefore
+    cannot pass by having nothing to compare."""
+    assert len(expected) > 0, f"{what}: the model has no outputs"
+    assert len(got) == len(expected), f"{what}: {len(got)} outputs, TFLite has {len(expected)}"
+    pairs = []
+    for i, (g, e) in enumerate(zip(got, expected)):
+        assert g.shape == e.shape and g.dtype == e.dtype, \
+            f"{what} output {i}: {g.shape} {g.dtype}, TFLite's is {e.shape} {e.dtype}"
+        assert_alive(e, f"{what} output {i}")
+        pairs.append((g, e, np.abs(g.astype(np.int32) - e.astype(np.int32))))
+    return pairs
+
+
+# ------------------------------------------------------------------ instructions
+
+
+def _functions(asm: str) -> dict[str, str]:
+    """symbol -> text of every function in an LLVM assembly listing (from its ``.type``
+    directive to the next one)."""
+    parts = re.split(r"\n(?=\t\.type\t)", asm)
+    found = {}
+    for part in parts:
+        m = re.match(r"\t\.type\t([^,\n]+),@function", part)
+        if m:
+            found[m.group(1)] = part
+    return found
+
+
+def function_asm(asm: str, name: str) -> str:
+    """The assembly of the compiled function ``name`` of a module: TVM's entry points
+    (``name``, its ``__tvm_ffi_name`` wrapper, its ``name_compute_`` body) and every
+    function they reference (the ``__tvm_parallel_lambda`` a parallel loop becomes),
+    transitively. Empty if the module has no function ``name``."""
+    funcs = _functions(asm)
+    own = re.compile(rf"(__tvm_ffi_)?{re.escape(name)}(_compute_)?")
+    todo = [s for s in funcs if own.fullmatch(s)]
+    seen: set[str] = set()
+    while todo:
+        sym = todo.pop()
+        if sym in seen:
+            continue
+        seen.add(sym)
+        # operands of instructions only: a part also ends with the next function's
+        # ``.globl`` directive, which is no reference
+        code = "\n".join(re.findall(r"^\t[a-z].*$", funcs[sym], re.M))
+        refs = set(re.findall(r"[\w.$]+", code))
+        todo += [s for s in funcs if s in refs and s not in seen]
+    return "\n".join(funcs[s] for s in funcs if s in seen)
+
+
+def mnemonics(asm: str) -> set[str]:
+    """The instruction mnemonics of an assembly fragment (``b.ne``, ``sdot``, ...)."""
+    return set(re.findall(r"^\t([a-z][a-z0-9.]*)(?:\t|$)", asm, re.M))
+
+
+# A pairwise widening add whose result is added to an accumulator is one instruction,
+# which LLVM selects: saddlp + add = sadalp. The neon 8-byte kernel (smull, saddlp, addp)
+# compiles to saddlp alone for K = 8 (one block), to both for K = 24 and to sadalp alone
+# for K = 72 read in place (test_neon_8_byte_kernel_on_device), so either form counts.
+FOLDED = {"saddlp": "sadalp", "uaddlp": "uadalp"}
+
+
+def assert_functions_use(asm: str, names, instructions, what: str) -> None:
+    """Fail unless every compiled function of ``names`` contains every mnemonic of
+    ``instructions`` (or its ``FOLDED`` accumulating form); fails on an empty ``names``
+    or ``instructions`` (a check of nothing) and on a name the module does not define."""
+    names, instructions = list(names), list(instructions)
+    assert names, f"{what}: no function to check"
+    assert instructions, f"{what}: no instruction to look for"
+    for name in names:
+        body = function_asm(asm, name)
+        assert body, f"{what}: no function {name} in the assembly"
+        found = mnemonics(body)
+        missing = [ins for ins in instructions if ins not in found and FOLDED.get(ins) not in found]
+        assert not missing, f"{what}: {name} has no {', '.join(missing)}"
