@@ -36,7 +36,6 @@ exit statuses. A new subcommand raises (or reuses) an exception class and adds i
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -233,7 +232,8 @@ def _run_on(session, endpoint, lib, inputs, a):
         return device.call_with_timeout(
             lambda: build.run_on_device(session, lib, inputs),
             a.session_timeout + device.SESSION_GRACE,
-            f"the device at {endpoint} did not finish running the model")
+            f"the device at {endpoint} did not finish running the model",
+            "--session-timeout")
     except device.DeviceError:
         raise
     except Exception as e:  # noqa: BLE001 - the session died: find out whether it is the ISA

@@ -367,8 +367,9 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
         raise DeviceUnreachable(f"{where}: {e.strerror or e}") from None
 
 
-def call_with_timeout(fn, timeout: float, what: str):
-    """``fn()``, or ``DeviceUnreachable`` if it has not returned within ``timeout`` s.
+def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
+    """``fn()``, or ``DeviceUnreachable`` if it has not returned within ``timeout`` s (the
+    message names ``option``, the CLI option that sets the limit).
 
     TVM's RPC client blocks in C++ socket calls that no Python timeout reaches: ``fn`` runs
     in a daemon thread, which is abandoned (it ends with the process) when it overruns."""
@@ -386,7 +387,7 @@ def call_with_timeout(fn, timeout: float, what: str):
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise DeviceUnreachable(f"{what} within {timeout:g} s (--timeout): the endpoint is "
+        raise DeviceUnreachable(f"{what} within {timeout:g} s ({option}): the endpoint is "
                                 "hung or overloaded")
     if "error" in result:
         raise result["error"]
