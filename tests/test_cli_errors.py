@@ -418,6 +418,16 @@ def test_code_of_a_higher_isa_level_on_a_lower_device(devices, models):
 
 
 @pytest.mark.device
+def test_session_timeout_ends_the_run(devices):
+    """The device ends a session at --session-timeout (counted from the connection, so
+    here within the bundled model's compile): the command says so and which option."""
+    endpoint = devices.endpoint("neon")
+    res = tvm_armq("run", "--isa", "neon", "--device", endpoint, "--session-timeout", 1)
+    error_of(res, DEVICE, f"the session on {endpoint} reached --session-timeout (1 s",
+             "give a longer --session-timeout")
+
+
+@pytest.mark.device
 def test_run_exits_9_when_outputs_differ_and_says_by_how_much(devices, models):
     """A float tanh: TVM's formula and TFLite's std::tanh differ in the last bit of some
     outputs, so the run is close to TFLite but not equal to it."""

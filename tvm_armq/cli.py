@@ -204,8 +204,11 @@ def cmd_inspect(a) -> int:
 def _session(a):
     """An RPC session on the requested device, its endpoint, and a function that releases
     what this command started."""
+    import time
+
     from . import device
 
+    a.connected_at = time.monotonic()  # the device counts --session-timeout from here
     if a.device:
         try:
             endpoint = device.Endpoint.parse(a.device)
@@ -238,6 +241,13 @@ def _run_on(session, endpoint, lib, inputs, a):
         raise
     except Exception as e:  # noqa: BLE001 - the session died: find out whether it is the ISA
         crash = device.last_line(e)
+    import time
+
+    if time.monotonic() - a.connected_at >= a.session_timeout:  # the device ended it
+        raise device.DeviceError(
+            f"the session on {endpoint} reached --session-timeout ({a.session_timeout:g} s, "
+            f"counted from the connection, compile included) and the device ended it "
+            f"({crash}): give a longer --session-timeout")
     print(f"the session on {endpoint} ended while running the model ({crash}); probing "
           "which ISA extensions the device has ...", file=sys.stderr)
     try:
