@@ -62,8 +62,8 @@ def digest(*paths) -> list[str]:
 
 
 # ------------------------------------------------------------------ models
-def fully_connected(act: str, k: int = 16, n: int = 8) -> bytes:
-    """A one-layer model: FULLY_CONNECTED of a 1 x k input to n outputs, in ``act``
+def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1) -> bytes:
+    """A one-layer model: FULLY_CONNECTED of a rows x k input to n outputs, in ``act``
     (int8 or int16 activations with int8 weights, or float32 throughout)."""
     import tflite
 
@@ -78,10 +78,10 @@ def fully_connected(act: str, k: int = 16, n: int = 8) -> bytes:
         w = rng.standard_normal((n, k)).astype(np.float32)
         b = rng.standard_normal(n).astype(np.float32)
     q = (lambda scale: (scale, 0)) if quantized else (lambda scale: None)
-    tensors = [dict(shape=(1, k), dtype=act, q=q(0.05)),
+    tensors = [dict(shape=(rows, k), dtype=act, q=q(0.05)),
                dict(shape=(n, k), dtype=w.dtype.name, q=q(0.01), data=w),
                dict(shape=(n,), dtype=b.dtype.name, q=q(0.0005), data=b),
-               dict(shape=(1, n), dtype=act, q=q(0.1))]
+               dict(shape=(rows, n), dtype=act, q=q(0.1))]
 
     def options(builder):
         tflite.FullyConnectedOptionsStart(builder)
@@ -109,6 +109,8 @@ def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
     int8 = fully_connected("int8")
     files = {"int8": int8, "int16": fully_connected("int16"),
+             # four rows: a GEMM that runs smmla at i8mm (one row runs sdot there)
+             "int8_rows": fully_connected("int8", rows=4),
              "float": fully_connected("float32"),
              "tanh": float_tanh(),
              "truncated": cli.BUNDLED_MODEL.read_bytes()[:480184],
@@ -408,13 +410,20 @@ def test_provisioning_shows_download_and_unpack_progress(tmp_path):
 
 # ------------------------------------------------------------------ on a device
 @pytest.mark.device
-def test_code_of_a_higher_isa_level_on_a_lower_device(devices, models):
-    """dotprod code (sdot) on the neon device: the session dies with SIGILL; the command
-    probes the device and says what it lacks and which --isa to compile with."""
-    endpoint = devices.endpoint("neon")
-    res = tvm_armq("run", models["int8"], "--isa", "dotprod", "--device", endpoint)
-    error_of(res, DEVICE, f"the device at {endpoint} lacks sdot (Armv8.2 +dotprod)",
-             "compile with --isa neon")
+@pytest.mark.parametrize("board, isa, lacks", [
+    ("neon", "dotprod", "sdot (Armv8.2 +dotprod), which --isa dotprod"),
+    ("neon", "i8mm", "sdot (Armv8.2 +dotprod) and smmla (Armv8.6 +i8mm), which --isa i8mm"),
+    ("dotprod", "i8mm", "smmla (Armv8.6 +i8mm), which --isa i8mm"),
+])
+def test_code_of_a_higher_isa_level_on_a_lower_device(devices, models, board, isa, lacks):
+    """Code with an instruction the board's CPU lacks: the session dies with SIGILL; the
+    command probes the device and says what it lacks and which --isa to compile with."""
+    endpoint = devices.endpoint(board)
+    res = tvm_armq("run", models["int8_rows"], "--isa", isa, "--device", endpoint)
+    error_of(res, DEVICE, f"the device at {endpoint} lacks {lacks}",
+             f"compile with --isa {board}")
+    res = tvm_armq("run", models["int8_rows"], "--isa", board, "--device", endpoint)
+    assert res.returncode == 0, res.stderr  # the level it names works there, bit-exact
 
 
 @pytest.mark.device
