@@ -271,6 +271,15 @@ def closed_port():
         return s.getsockname()[1]
 
 
+class HungPort(int):
+    """A port number that also knows the connections its server has taken so far."""
+
+    def __new__(cls, port: int, accepted: list):
+        self = super().__new__(cls, port)
+        self.accepted = accepted
+        return self
+
+
 @pytest.fixture
 def hung_port():
     """A loopback port that accepts connections and never sends a byte."""
@@ -289,7 +298,7 @@ def hung_port():
 
     thread = threading.Thread(target=accept, daemon=True)
     thread.start()
-    yield server.getsockname()[1]
+    yield HungPort(server.getsockname()[1], held)
     stop.set()
     thread.join()
     for c in held:
@@ -343,11 +352,27 @@ def test_hung_endpoint_ends_within_the_timeout(models, hung_port, tmp_path, args
 
 @pytest.mark.parametrize("key", [None, "board"])
 def test_hung_endpoint_in_python(hung_port, key):
-    endpoint = device.Endpoint("127.0.0.1", hung_port, key)
+    endpoint = device.Endpoint("127.0.0.1", int(hung_port), key)
     started = time.monotonic()
     with pytest.raises(device.DeviceUnreachable, match=f"127.0.0.1:{hung_port}.* within 3 s"):
         endpoint.connect(timeout=HUNG_TIMEOUT)
     assert time.monotonic() - started < HUNG_TIMEOUT + STARTUP_SLACK
+
+
+def test_ctrl_c_is_one_line_and_130(models, hung_port):
+    """Ctrl-C while the command waits for a device: no traceback, exit 130."""
+    proc = subprocess.Popen([sys.executable, "-m", "tvm_armq", "run", str(models["int8"]),
+                             "--device", f"127.0.0.1:{hung_port}", "--timeout", "600"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # the TCP probe, then TVM's handshake connection: the command is now waiting
+    deadline = time.monotonic() + STARTUP_SLACK
+    while len(hung_port.accepted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(hung_port.accepted) >= 2, "the command never connected"
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=STARTUP_SLACK)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    error_of(res, 130, "tvm-armq: error: interrupted")
 
 
 # ------------------------------------------------------------------ device stop

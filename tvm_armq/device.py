@@ -352,7 +352,7 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
     an unknown host as a C++ stack."""
     where = f"{what} {host}:{port}"
     try:
-        with socket.create_connection((host, port), timeout=timeout):
+        with socket.create_connection((host, int(port)), timeout=timeout):
             pass
     except socket.gaierror as e:
         raise DeviceUnreachable(f"{where}: unknown host {host!r} ({e.strerror}): check the "
