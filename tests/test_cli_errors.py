@@ -196,6 +196,31 @@ def test_bf16_on_neon_says_which_feature_and_level(models, tmp_path):
     assert "{" not in line  # no JSON dump of the target
 
 
+def test_an_unexpected_exception_is_an_internal_error(monkeypatch, capsys):
+    """A bug (an exception no EXIT_CODES row claims) is exit 1, one line that says to rerun
+    with --debug, and --debug prints its traceback."""
+    def broken(a):
+        raise KeyError("some_internal_table")
+
+    monkeypatch.setattr(cli, "cmd_inspect", broken)
+    assert cli.main(["inspect", str(cli.BUNDLED_MODEL)]) == 1
+    err = capsys.readouterr().err
+    assert err.splitlines() == ["tvm-armq: error: internal error (KeyError: "
+                                "'some_internal_table'); rerun with --debug for the traceback "
+                                "and report it"]
+    assert cli.main(["inspect", str(cli.BUNDLED_MODEL), "--debug"]) == 1
+    assert "Traceback" in capsys.readouterr().err
+
+
+def test_exit_codes_are_distinct_and_documented():
+    codes = [code for code, _ in cli.EXIT_CODES]
+    assert len(codes) == len(set(codes)) and 0 not in codes and cli.EXIT_INTERNAL not in codes
+    for code in codes + [cli.EXIT_INTERNAL, cli.EXIT_INTERRUPTED]:
+        assert re.search(rf"^    {code} +\S", cli.__doc__, re.M), code  # the docstring table
+        readme = (Path(cli.__file__).resolve().parents[1] / "README.md").read_text()
+        assert f"\n| {code} | " in readme, code  # the README's table
+
+
 # ------------------------------------------------------------------ arguments
 @pytest.mark.parametrize("args, says", [
     (["run", "--seed", "-1"], "--seed: -1 is negative"),
