@@ -250,6 +250,12 @@ def test_output_refuses_a_directory_and_a_file_that_is_not_a_module(models, tmp_
     res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", notes)
     error_of(res, OUTPUT, "exists and is not a compiled module", "--force")
     assert notes.read_text() == "mine\n"
+    program = tmp_path / "python"  # an ELF, but a host program, not a compiled module
+    shutil.copy(os.path.realpath(sys.executable), program)
+    before = digest(program)
+    res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", program)
+    error_of(res, OUTPUT, "exists and is not a compiled module (not an aarch64 shared")
+    assert digest(program) == before
     res = tvm_armq("compile", models["int8"], "--isa", "neon", "-o", notes, "--force")
     assert res.returncode == 0, res.stderr
     assert notes.read_bytes()[:4] == b"\x7fELF"

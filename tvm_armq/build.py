@@ -278,16 +278,25 @@ def _umask() -> int:
 
 
 ELF_MAGIC = b"\x7fELF"
+ELF_HEADER = slice(0, 20)  # magic and ident (16 bytes), e_type, e_machine (2 bytes each)
+ET_DYN, EM_AARCH64 = 3, 0xB7  # a shared object, for aarch64
 
 
 def is_compiled_module(path: str | os.PathLike) -> bool:
-    """True when ``path`` is an ELF file (what ``export_aarch64`` writes), so replacing it
-    with a new build loses nothing that cannot be rebuilt."""
+    """True when ``path`` is an aarch64 shared library (what ``export_aarch64`` writes), so
+    replacing it with a new build loses nothing that cannot be rebuilt; any other file,
+    an x86 program or another ELF included, is not."""
     try:
         with open(path, "rb") as f:
-            return f.read(len(ELF_MAGIC)) == ELF_MAGIC
+            head = f.read(ELF_HEADER.stop)
     except OSError:
         return False
+    if len(head) < ELF_HEADER.stop or head[:len(ELF_MAGIC)] != ELF_MAGIC:
+        return False
+    little = head[5] == 1  # EI_DATA: 1 little-endian, 2 big-endian
+    order = "little" if little else "big"
+    return (int.from_bytes(head[16:18], order) == ET_DYN
+            and int.from_bytes(head[18:20], order) == EM_AARCH64)
 
 
 def _to_numpy(value) -> list[np.ndarray]:

@@ -170,8 +170,9 @@ def _output_path(a, model) -> Path:
             raise build.OutputError(f"-o {out} is the input {source}: writing the library "
                                     "there would destroy it; choose another -o")
     if out.exists() and not build.is_compiled_module(out) and not a.force:
-        raise build.OutputError(f"-o {out} exists and is not a compiled module (not an ELF "
-                                "file): pass --force to overwrite it, or choose another -o")
+        raise build.OutputError(f"-o {out} exists and is not a compiled module (not an "
+                                "aarch64 shared library): pass --force to overwrite it, or "
+                                "choose another -o")
     return out
 
 
