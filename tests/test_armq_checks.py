@@ -1,0 +1,119 @@
+"""The shared guards of ``armq_checks`` fail on the cases they exist to catch (host only).
+
+Each case here is one a guard once let through (issue 20): five distinct values among
+1000 logits, an output mostly on one value, a model with no outputs, an instruction
+found only inside another mnemonic (``addp`` in ``faddp``), a function of the module
+without the kernel's instruction while the others have it, an empty instruction list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from armq_checks import (assert_alive, assert_functions_use, function_asm, mnemonics,
+                         output_pairs)
+
+
+def _logits(seed: int = 0, size: int = 1000) -> np.ndarray:
+    """int8 values spread over most of the range, like a net's logits."""
+    return np.random.default_rng(seed).integers(-110, 110, size, endpoint=True).astype(np.int8)
+
+
+def test_live_outputs_pass():
+    assert_alive(_logits(), "logits")
+    assert_alive(np.arange(10, dtype=np.int8), "ten distinct logits")
+    relu = np.where(_logits(1, 4096) < 0, -128, _logits(1, 4096)).astype(np.int8)
+    assert_alive(relu, "half on the ReLU floor")
+
+
+def test_few_distinct_values_fail():
+    collapsed = np.clip(_logits(), -2, 2)  # 5 values: the old guard (> 4) let this through
+    with pytest.raises(AssertionError, match="5 distinct values in 1000"):
+        assert_alive(collapsed, "collapsed logits")
+
+
+def test_one_value_holding_most_fails():
+    e = _logits()
+    e[:800] = -128  # still ~200 distinct values, but 80% on one
+    with pytest.raises(AssertionError, match="holds 80%"):
+        assert_alive(e, "mostly -128")
+
+
+def test_no_outputs_fail():
+    with pytest.raises(AssertionError, match="no outputs"):
+        output_pairs([], [], "empty model")
+    with pytest.raises(AssertionError, match="1 outputs, TFLite has 2"):
+        output_pairs([_logits()], [_logits(), _logits()], "missing output")
+
+
+def test_output_pairs_gives_the_differences():
+    e = _logits()
+    g = e.copy()
+    g[3] += 2
+    ((got, expected, diff),) = output_pairs([g], [e], "one output")
+    assert got is g and expected is e and diff.dtype == np.int32
+    assert diff.max() == 2 and int((diff > 0).sum()) == 1
+
+
+# A module of two functions as LLVM prints it: ``good`` runs smull/sadalp/addp in its
+# parallel lambda, ``bad`` has a float faddp and no addp of its own.
+ASM = """\t.text
+\t.globl\t__tvm_ffi_good
+\t.type\t__tvm_ffi_good,@function
+__tvm_ffi_good:
+\tbl\tgood_compute_
+\tret
+\t.globl\t__tvm_ffi_bad
+\t.type\tgood_compute_,@function
+good_compute_:
+\tadrp\tx0, .L__tvm_parallel_lambda
+\tadd\tx0, x0, :lo12:.L__tvm_parallel_lambda
+\tret
+\t.type\t.L__tvm_parallel_lambda,@function
+.L__tvm_parallel_lambda:
+\tsmull\tv0.8h, v1.8b, v2.8b
+\tsadalp\tv3.4s, v0.8h
+\taddp\tv4.4s, v3.4s, v3.4s
+\tret
+\t.type\t__tvm_ffi_bad,@function
+__tvm_ffi_bad:
+\tsmull\tv0.8h, v1.8b, v2.8b
+\tsadalp\tv3.4s, v0.8h
+\tfaddp\tv4.4s, v3.4s, v3.4s
+\tret
+"""
+NEON = ("smull", "sadalp", "addp")
+
+
+def test_function_asm_follows_the_parallel_lambda_only():
+    good = function_asm(ASM, "good")
+    assert "addp\tv4" in good and "faddp" not in good  # not the next function's text
+    assert mnemonics(good) >= set(NEON)
+    assert function_asm(ASM, "goo") == ""  # a prefix names no function
+    assert_functions_use(ASM, ["good"], NEON, "good")
+
+
+def test_mnemonic_inside_another_fails():
+    assert "addp" in function_asm(ASM, "bad")  # the substring test the guard replaced
+    with pytest.raises(AssertionError, match="bad has no addp"):
+        assert_functions_use(ASM, ["bad"], NEON, "faddp")
+
+
+def test_one_function_without_the_instruction_fails():
+    assert all(ins in ASM for ins in NEON)  # the module-wide test the guard replaced
+    with pytest.raises(AssertionError, match="bad has no addp"):
+        assert_functions_use(ASM, ["good", "bad"], NEON, "per function")
+
+
+def test_checking_nothing_fails():
+    with pytest.raises(AssertionError, match="no instruction to look for"):
+        assert_functions_use(ASM, ["good"], (), "reference kernel")
+    with pytest.raises(AssertionError, match="no function to check"):
+        assert_functions_use(ASM, [], NEON, "no functions")
+    with pytest.raises(AssertionError, match="no function missing"):
+        assert_functions_use(ASM, ["missing"], NEON, "unknown name")
+
+
+def test_folded_pairwise_add_counts():
+    """saddlp + add compiled as sadalp is still the 8-byte kernel's saddlp."""
+    assert_functions_use(ASM, ["good"], ("smull", "saddlp", "addp"), "folded")
