@@ -540,11 +540,10 @@ def test_tuning_failures_mismatched_database_and_per_trial_progress(models, tmp_
         error_of(res, DATABASE, f"tuning database {neon_db} was tuned for", "cortex-a72",
                  "neoverse-n1", "compile with --isa neon")
     assert digest(neon_db) == before and not (tmp_path / "m.so").exists()
-    import tvm_armq
-    from tvm_armq import build
+    from tvm_armq import build  # the Python API says the same
 
     with pytest.raises(build.TuningTargetMismatch, match="compile with --isa neon"):
-        tvm_armq.compile_tflite(models["int8"], "dotprod", tuning_database=neon_db)
+        build.compile_tflite(models["int8"], "dotprod", tuning_database=neon_db)
     res = tvm_armq("compile", models["int8"], "--isa", "neon", "--tuning", neon_db,
                    "-o", tmp_path / "m.so")
     assert res.returncode == 0, res.stderr
