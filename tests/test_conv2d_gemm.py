@@ -13,7 +13,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from armq_checks import assert_functions_use
+from armq_checks import assert_alive, assert_functions_use
 
 from tvm_armq import build
 from tvm_armq.tflite_layers import read_layer
@@ -250,7 +250,7 @@ def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
                                        for name, _, args, shape, _ in runs],
                         tmp_path / "tflite_convs.so")
     for (name, seed, _, _, y), out in zip(runs, outs):
-        assert len(np.unique(y)) > 4, f"{name}: degenerate reference output"
+        assert_alive(y, f"{name} seed {seed}")  # the zoo layer's output really varies
         np.testing.assert_array_equal(out.reshape(y.shape), y,
                                       err_msg=f"{name} seed {seed} at {level}")
     report(f"conv2d_gemm vs TFLite {kernel.name:28s} {level:8s} "

@@ -19,7 +19,7 @@ import re
 
 import numpy as np
 import pytest
-from armq_checks import function_asm
+from armq_checks import assert_alive, function_asm
 
 from tvm_armq import build
 from tvm_armq.intrinsics import requant
@@ -359,6 +359,6 @@ def test_depthwise_matches_tflite(run_funcs, level, zoo_model, tmp_path, report)
                 expected.append((f"{sym} seed {seed}", y))
     _, outs = run_funcs(level, funcs, datasets, tmp_path / "depthwise.so")
     for (what, y), got in zip(expected, outs):
-        assert len(np.unique(y)) > 8
+        assert_alive(y, what)  # the zoo layer's output really varies
         np.testing.assert_array_equal(got, y, err_msg=f"{what} at {level}")
     report(f"depthwise vs TFLite {level:8s} {', '.join(TFLITE_MODELS)} bit-exact")
