@@ -160,6 +160,19 @@ def test_int16x8_model_names_the_tensor_and_dtype(models, command, tmp_path):
     assert digest(models["int16"]) == before
 
 
+def test_model_tflite_itself_cannot_load(tmp_path):
+    """A CUSTOM operator (no custom code): well-formed, but TFLite has no kernel for it."""
+    import tflite
+
+    from tvm_armq.tflite_writer import single_op_model
+
+    model = tmp_path / "custom.tflite"
+    model.write_bytes(single_op_model(
+        tflite.BuiltinOperator.CUSTOM, [dict(shape=(1, 4), dtype="float32")] * 2, [0], [1]))
+    res = tvm_armq("compile", model, "-o", tmp_path / "m.so")
+    error_of(res, UNSUPPORTED, str(model), "TFLite cannot load it", "CUSTOM")
+
+
 def test_int16x8_model_in_python(models):
     import tvm_armq
     from tvm_armq import build

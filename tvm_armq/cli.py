@@ -16,8 +16,8 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     1   internal error: a bug in tvm_armq or TVM (rerun with --debug and report it)
     2   bad command line (unknown option, ISA level, malformed HOST:PORT, ...)
     3   bad model file: missing, unreadable, not TFLite, or rejected by TFLite's verifier
-    4   unsupported model: a tensor type or operator TVM cannot import, or --strict refused
-        it (layers left float, no quantized layer)
+    4   unsupported model: a tensor type or operator TVM (or TFLite: a custom op) cannot
+        load, or --strict refused it (layers left float, no quantized layer)
     5   the target: not one tvm_armq compiles for (asked with strict, a tuning database or
         bf16), or lacking a feature the request needs (bf16 without +bf16)
     6   device or tracker: unreachable, hung past --timeout, crashed, or lacking the ISA
@@ -71,8 +71,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 # wins, so a subclass must come before its base class.
 EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (EXIT_USAGE, ("tvm_armq.cli:UsageError", "tvm_armq.targets:UnknownIsaError")),
+    (4, ("tvm_armq.build:UnsupportedModel", "tvm.error:OpNotImplemented",
+         "tvm_armq.tflite_model:TFLiteCannotRun")),  # a ModelError: before that row
     (3, ("tvm_armq.tflite_model:ModelError",)),
-    (4, ("tvm_armq.build:UnsupportedModel", "tvm.error:OpNotImplemented")),
     (5, ("tvm_armq.build:UnsupportedTarget",
          "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
     (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),

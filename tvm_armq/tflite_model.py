@@ -21,6 +21,15 @@ class ModelError(ValueError):
     """The file is missing or is not a TFLite model; the message says which."""
 
 
+class TFLiteCannotRun(ModelError):
+    """A well-formed model that TFLite itself cannot build an interpreter for (an op it
+    does not know, a custom op): not corrupt, but nothing can check results against it."""
+
+
+# What TFLite's FlatBufferModel::VerifyAndBuildFromBuffer reports when VerifyModelBuffer fails.
+VERIFIER_VERDICT = "The model is not a valid Flatbuffer buffer"
+
+
 @dataclasses.dataclass(frozen=True)
 class TensorInfo:
     name: str
@@ -71,11 +80,14 @@ class TFLiteModel:
         try:
             Interpreter(model_content=self.data)
         except ValueError as e:
-            lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+            lines = list(dict.fromkeys(ln.strip() for ln in str(e).splitlines() if ln.strip()))
             why = "; ".join(lines[:3]) or "rejected"
-            raise ModelError(f"{self.label}: TFLite's flatbuffer verifier rejects it ({why}): "
-                             "the file is truncated, corrupted or not a TFLite model; "
-                             "export or download it again") from None
+            if any(VERIFIER_VERDICT in ln for ln in lines):
+                raise ModelError(f"{self.label}: TFLite's flatbuffer verifier rejects it "
+                                 f"({why}): the file is truncated, corrupted or not a TFLite "
+                                 "model; export or download it again") from None
+            raise TFLiteCannotRun(f"{self.label}: TFLite cannot load it ({why}): an operator "
+                                  "TFLite's builtin ops do not include (a custom op?)") from None
 
     @property
     def label(self) -> str:
