@@ -285,6 +285,14 @@ def test_output_that_cannot_be_written(models, tmp_path):
     assert blocker.read_text() == "x"
 
 
+def test_tune_work_dir_that_cannot_be_made(models, tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    res = tvm_armq("tune", models["int8"], "--work-dir", blocker / "w")
+    error_of(res, OUTPUT, f"--work-dir {blocker / 'w'}: cannot create it")
+    assert blocker.read_text() == "x"
+
+
 def test_default_output_is_the_current_directory(models, tmp_path):
     before = sorted(p.name for p in models["int8"].parent.iterdir())
     res = tvm_armq("compile", models["int8"], "--isa", "neon", cwd=tmp_path)

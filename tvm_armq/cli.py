@@ -23,8 +23,8 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     6   device or tracker: unreachable, hung past --timeout, crashed, or lacking the ISA
         extension the code uses
     7   tuning database or tuning run: not a database, corrupt, or tuned for another target
-    8   output: -o cannot be written, or would overwrite an input, a directory or a file
-        that is not a compiled module (without --force)
+    8   output: -o (or tune's --work-dir) cannot be written, or -o would overwrite an
+        input, a directory or a file that is not a compiled module (without --force)
     9   run: the outputs differ from TFLite's reference kernels by more than --tolerance
     10  tune: every trial failed
     130 interrupted (Ctrl-C)
@@ -369,6 +369,13 @@ def cmd_tune(a) -> int:
             raise UsageError(f"--rpc-tracker: {e}") from None
         device.check_key(device.connect_tracker(endpoint.host, endpoint.port, a.timeout),
                          endpoint, a.timeout)
+    try:  # before any work: a --work-dir that cannot be made is an output error
+        Path(a.work_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        from .build import OutputError
+
+        raise OutputError(f"--work-dir {a.work_dir}: cannot create it ({e.strerror or e}); "
+                          "choose another directory") from None
     tasks = tuning.tasks_of_model(model, a.isa)
     summary = tuning.tune(tasks, a.isa, work_dir=a.work_dir, trials=a.trials,
                           tracker=tracker, level=a.isa, progress=not a.no_progress)
