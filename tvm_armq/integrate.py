@@ -695,11 +695,11 @@ def _lowering_rewriter():
             self.var_of = {value: var for var, value in self.graph.defs.items()}
             # quantize results whose only use is a clip: the clip is the layer's end
             self.fused = set()
-            for var, value in self.graph.defs.items():
-                q = self.graph.call(value.args[0], "relax.quantize") \
-                    if self.graph.call(value, "relax.clip") is not None else None
-                if q is not None and self.graph.uses.get(value.args[0], 0) == 1:
-                    self.fused.add(value.args[0])
+            for value in self.graph.defs.values():  # a value may be a variable (an alias)
+                clip = self.graph.call(value, "relax.clip")
+                q = self.graph.call(clip.args[0], "relax.quantize") if clip is not None else None
+                if q is not None and self.graph.uses.get(clip.args[0], 0) == 1:
+                    self.fused.add(clip.args[0])
 
         def visit_call_(self, call):
             var = self.var_of.get(call)
