@@ -49,8 +49,9 @@ def test_x86_target_compiles_with_stock_tvm(zoo_model):
 def test_strict_names_the_layers_that_stay_float(zoo_model):
     import tvm
 
-    with pytest.raises(tvm.error.OpNotImplemented, match=r"(?s)1 quantized layer.*sigmoid"):
-        build.compile_tflite(zoo_model("logistic"), "neon", strict=True)
+    with pytest.raises(tvm.error.OpNotImplemented,
+                       match=r"(?s)1 quantized layer.*subtract +SUB \(TFLite operator 0\)"):
+        build.compile_tflite(zoo_model("sub"), "neon", strict=True)
     report: list = []
     build.compile_tflite(zoo_model("conv2d_3x3"), "neon", strict=True, report=report)
     assert [type(r) for r in report] == [integrate.Lowered]
@@ -82,13 +83,19 @@ def test_inspect_names_row_tails(zoo_model):
     assert "gemm_s8s8s32_4x4x4_dotprod + gemm_s8s8s32_1x4x4_dotprod for the last rows" in line
 
 
-def test_inspect_cli(zoo_model, capsys):
-    assert cli.main(["inspect", str(zoo_model("logistic")), "--isa", "neon"]) == 0
+def test_inspect_cli(zoo_model, capsys, tmp_path):
+    """inspect names the float layer and its TFLite operator; compile --strict refuses it
+    with the exit status of an unsupported model, naming the operator."""
+    assert cli.main(["inspect", str(zoo_model("sub")), "--isa", "neon"]) == 0
     out = capsys.readouterr().out
-    assert "sigmoid" in out and "stays float" in out and "0 of 1" in out
-    with pytest.raises(SystemExit) as e:
-        cli.main(["compile", str(zoo_model("logistic")), "--isa", "neon", "--strict"])
-    assert e.value.code == 2
+    assert "SUB (TFLite operator 0)" in out and "stays float" in out and "0 of 1" in out
+    unsupported = next(code for code, names in cli.EXIT_CODES
+                       if "tvm.error:OpNotImplemented" in names)
+    status = cli.main(["compile", str(zoo_model("sub")), "--isa", "neon", "--strict",
+                       "-o", str(tmp_path / "sub.so")])
+    assert status == unsupported
+    assert "SUB (TFLite operator 0)" in capsys.readouterr().err
+    assert not (tmp_path / "sub.so").exists()
 
 
 # ------------------------------------------------------------------ legacy uint8 models
