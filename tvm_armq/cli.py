@@ -5,6 +5,7 @@ tune them; manage the emulated device.
                                   [--precision int8|bf16] [--strict]
     tvm-armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
     tvm-armq run [MODEL.tflite] --isa i8mm [--device HOST:PORT[:KEY]] [--tolerance N]
+    tvm-armq diff MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]] [--stock]
     tvm-armq device provision|start|stop|status [--isa LEVEL ...]
     tvm-armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
                   [--rpc-tracker HOST:PORT --key KEY]
@@ -25,7 +26,8 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     7   tuning database or tuning run: not a database, corrupt, or tuned for another target
     8   output: -o (or tune's --work-dir) cannot be written, or -o would overwrite an
         input, a directory or a file that is not a compiled module (without --force)
-    9   run: the outputs differ from TFLite's reference kernels by more than --tolerance
+    9   run: the outputs differ from TFLite's reference kernels by more than --tolerance;
+        diff: a layer differs
     10  tune: every trial failed
     130 interrupted (Ctrl-C)
 
@@ -309,14 +311,44 @@ def cmd_run(a) -> int:
 
 
 def _kernel_summary(report: list) -> str:
-    """One line: how many quantized layers run tvm_armq kernels, and which kernels."""
+    """One line: how many quantized layers run tvm_armq kernels, which kernels, and how
+    many stay float."""
     kernels: dict[str, int] = {}
     for r in report:
         if not hasattr(r, "reason"):
             kernels[r.kernel] = kernels.get(r.kernel, 0) + 1
     used = ", ".join(f"{n} x {k}" for k, n in sorted(kernels.items(), key=lambda kv: -kv[1]))
+    floats = len(report) - sum(kernels.values())
     return (f"{sum(kernels.values())} of {len(report)} quantized layers on tvm_armq kernels"
-            + (f": {used}" if used else ""))
+            + (f": {used}" if used else "") + f"; {floats} left in float")
+
+
+# ------------------------------------------------------------------ diff
+def cmd_diff(a) -> int:
+    """Every layer's output against TFLite's, in graph order (``layer_diff``)."""
+    import numpy as np
+
+    from . import layer_diff
+
+    model = _load(a.model)
+    inputs = model.random_inputs(a.seed)
+    session, endpoint, release = _session(a)
+    try:
+        layers = layer_diff.diff_layers(model, a.isa, session, inputs, stock=a.stock)
+    finally:
+        del session
+        release()
+    for layer in layers:
+        print(layer.line())
+    first = layer_diff.first_difference(layers)
+    if first is None:
+        print(f"every one of the {len(layers)} layers equals TFLite's reference kernels")
+        return 0
+    raise OutputsDiffer(
+        f"{model.label} ({a.isa}): the first layer that differs from TFLite is operator "
+        f"{first.index} {first.op} ({first.kernel}): by up to {first.max_diff} in "
+        f"{first.differ} of {int(np.prod(first.shape))} elements; every later layer "
+        "inherits it")
 
 
 # ------------------------------------------------------------------ device
@@ -463,6 +495,20 @@ def parser() -> argparse.ArgumentParser:
                    help="largest accepted absolute difference from TFLite (default 0: "
                         "bit-exact); beyond it the exit status is 9")
     _timeouts(r)
+
+    f = command("diff", cmd_diff,
+                help="every layer's output against TFLite's, in graph order: where a model "
+                     "starts to differ")
+    f.add_argument("model")
+    f.add_argument("--isa", type=_isa, default="i8mm")
+    f.add_argument("--device", help="HOST:PORT or TRACKER_HOST:PORT:KEY of a real board "
+                                    "(default: the emulated device of --isa)")
+    f.add_argument("--seed", type=_non_negative_int, default=0,
+                   help="seed of the random input (0 or more)")
+    f.add_argument("--stock", action="store_true",
+                   help="compile with stock TVM (its float path) instead of tvm_armq's "
+                        "kernels, to see where that drifts")
+    _timeouts(f)
 
     d = command("device", cmd_device,
                 help="the emulated aarch64 device (TVM RPC under qemu-user)")

@@ -48,6 +48,11 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
   mobilenet_v1_0.25  tf.keras.applications.MobileNet, alpha 0.25, 1x128x128x3
   mobilenet_v1_1.0   tf.keras.applications.MobileNet, alpha 1.0, 1x224x224x3
   mobilenet_v2_1.0   tf.keras.applications.MobileNetV2, alpha 1.0, 1x224x224x3
+  mobilenet_v3_small tf.keras.applications.MobileNetV3Small, alpha 0.75, 1x96x96x3
+                     (HARD_SWISH, squeeze-excite blocks with SHAPE / STRIDED_SLICE /
+                     PACK / RESHAPE and MUL)
+  densenet121        tf.keras.applications.DenseNet121, 1x64x64x3 (the batch-norm in
+                     front of each convolution is a per-channel MUL and ADD)
   resnet_block       small ResNet-style net on 1x32x32x3: conv stem, three residual
                      blocks (one strided with a 1x1 projection), global average pool,
                      dense 10
@@ -498,6 +503,30 @@ def _build_mobilenet_v2_100(rng):
     return _finish_net(model, shape, rng)
 
 
+def _build_mobilenet_v3_small(rng):
+    """Keras MobileNetV3-Small: HARD_SWISH, squeeze-excite blocks (SHAPE -> STRIDED_SLICE
+    -> PACK -> RESHAPE around the excite vector, a hard-sigmoid as MUL / ADD by
+    constants), per-channel MUL."""
+    keras = _tf().keras
+    shape = (1, 96, 96, 3)
+    (inp,) = _inputs([shape])
+    model = keras.applications.MobileNetV3Small(
+        input_tensor=inp, alpha=0.75, weights=None, classifier_activation=None,
+        include_preprocessing=False)
+    return _finish_net(model, shape, rng)
+
+
+def _build_densenet121(rng):
+    """Keras DenseNet-121 at 64x64: the batch-norm in front of each convolution stays a
+    per-channel MUL and ADD by constants (nothing to fold it into), 58 concatenations."""
+    keras = _tf().keras
+    shape = (1, 64, 64, 3)
+    (inp,) = _inputs([shape])
+    model = keras.applications.DenseNet121(input_tensor=inp, weights=None,
+                                           classifier_activation=None)
+    return _finish_net(model, shape, rng)
+
+
 def _build_resnet_block(rng):
     """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
     keras = _tf().keras
@@ -641,6 +670,13 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("inception_block", _build_inception_block, ((1, 24, 24, 3),),
               "Small Inception: 4 branches (1x1, 1x7/7x1, 3x3, avg pool) joined by "
               "CONCATENATION, global average pool, dense 10", calib_samples=64),
+    ModelSpec("mobilenet_v3_small", _build_mobilenet_v3_small, ((1, 96, 96, 3),),
+              "Keras MobileNetV3-Small, alpha 0.75, 96x96, 1000 logits: HARD_SWISH, "
+              "squeeze-excite (SHAPE / STRIDED_SLICE / PACK / RESHAPE, MUL)",
+              calib_samples=32),
+    ModelSpec("densenet121", _build_densenet121, ((1, 64, 64, 3),),
+              "Keras DenseNet-121, 64x64, 1000 logits: per-channel batch-norm as MUL "
+              "and ADD by constants, 58 concatenations", calib_samples=32),
 )
 
 # Float models: a registry of their own, so that ``names()`` stays the int8 zoo (the
