@@ -582,7 +582,8 @@ def window_of(sch, gemm_block):
 def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="int8",
                    in_zp: int, out_zp: int, act_range: tuple[int, int], w_zp: int = 0,
                    max_shift: int | None = None, direct: bool = False,
-                   tail: tuple[tuple[int, int, int], bool] | None = None):
+                   tail: tuple[tuple[int, int, int], bool] | None = None,
+                   rounding: str = "double"):
     """TE tensors of the conv2d GEMM: (inputs..., outputs) for ``te.create_prim_func``.
 
     Inputs: data NHWC, B_packed (``pack_weights``), folded bias [out_c], multiplier
@@ -600,6 +601,10 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
     ``max_shift``: the largest of the layer's shifts, if known when the func is built (the
     caller must then pass no larger one): at most 0 drops the epilogue's per-channel left
     shift, at most -1 also shortens its rounding (``qmuls.bounded_shift``).
+
+    ``rounding``: the requantization's (``qmuls``): "double" as TFLite's CONV_2D,
+    "single" as its int8 FULLY_CONNECTED (measured against TFLite's reference kernels:
+    ``tests/test_integrate.py``'s rounding test).
 
     ``direct`` (only where ``can_read_input_directly`` holds): no ``A_packed`` stage, the
     ``gemm`` stage reads the input in place (``direct_gemm_te``).
@@ -650,7 +655,8 @@ def conv2d_gemm_te(shape: Conv2DShape, mr_nr_kr, *, in_dtype="int8", out_dtype="
             if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
                 x = x - row_sum[first + m, g] * w_zp
             x = x + bias[c]
-            r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift))
+            r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift),
+                      rounding)
             r = r + out_zp
             return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+
 import numpy as np
 import pytest
 
@@ -182,3 +183,58 @@ def test_legacy_uint8_models_are_bit_exact(devices, level, tmp_path, report):
             assert len(np.unique(want)) > 8
             np.testing.assert_array_equal(got, want, err_msg=f"{name} at {level}")
     report(f"tvm_armq   uint8 conv/fc models {level:8s} {' + '.join(sorted(used))} bit-exact")
+
+
+# ------------------------------------------------------------------ requantization rounding
+def _layer_accumulators(model, op_index: int, seeds):
+    """(int32 accumulators, TFLite's int8 outputs, multipliers, shifts, output zero point)
+    of the zoo model's CONV_2D (1x1) or FULLY_CONNECTED operator ``op_index``, from the
+    tensors TFLite's reference kernels computed for each seed's input."""
+    from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+    from tvm_armq.intrinsics.requant import quantize_multipliers
+
+    it = Interpreter(model_content=model.data, num_threads=1,
+                     experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
+                     experimental_preserve_all_tensors=True)
+    it.allocate_tensors()
+    op = model.flatbuffer().Subgraphs(0).Operators(op_index)
+    x_i, w_i, b_i = (op.Inputs(i) for i in range(3))
+    details = {d["index"]: d["quantization_parameters"] for d in it.get_tensor_details()}
+    x_q, w_q, out_q = details[x_i], details[w_i], details[op.Outputs(0)]
+    real = (np.float64(x_q["scales"][0]) * w_q["scales"].astype(np.float64)
+            / np.float64(out_q["scales"][0]))
+    mult, shift = quantize_multipliers(real)
+    accs, outs = [], []
+    for seed in seeds:
+        it.set_tensor(it.get_input_details()[0]["index"], model.random_inputs(seed)[0])
+        it.invoke()
+        x = it.get_tensor(x_i).astype(np.int64) - int(x_q["zero_points"][0])
+        w = it.get_tensor(w_i).astype(np.int64)
+        w = w.reshape(w.shape[0], -1)  # FC [N, K]; a 1x1 conv's OHWI is [N, 1, 1, K]
+        accs.append(x.reshape(-1, w.shape[1]) @ w.T + it.get_tensor(b_i).astype(np.int64))
+        outs.append(it.get_tensor(op.Outputs(0)).reshape(accs[-1].shape))
+    return np.concatenate(accs), np.concatenate(outs), mult, shift, int(out_q["zero_points"][0])
+
+
+@pytest.mark.parametrize("name, rounding, seeds", [
+    ("fully_connected", "single", range(300)),  # 4800 outputs
+    ("conv2d_1x1", "double", range(4))])        # 4096 outputs
+def test_tflite_rounds_fully_connected_once_and_conv2d_twice(zoo_model, name, rounding, seeds):
+    """TFLite's reference FULLY_CONNECTED (int8, per-channel) requantizes with one rounding
+    of the 64-bit product; its CONV_2D with gemmlowp's two. Each rule reproduces TFLite on
+    every output and the other rule does not, so the pass must (and does: ``requant_rounding``)
+    give each op its own."""
+    from tvm_armq.intrinsics.requant import multiply_by_quantized_multiplier
+    from tvm_armq.tflite_model import TFLiteModel
+
+    model = TFLiteModel.load(zoo_model(name))
+    acc, expected, mult, shift, zp = _layer_accumulators(model, 0, seeds)
+    results = {mode: np.clip(multiply_by_quantized_multiplier(acc, mult, shift, mode) + zp,
+                             -128, 127) for mode in ("single", "double")}
+    other = "double" if rounding == "single" else "single"
+    np.testing.assert_array_equal(results[rounding], expected)
+    assert (results[other] != expected).any(), f"{other} rounding fits {name} as well"
+    layer = integrate._Layer("dense" if name == "fully_connected" else "conv2d", None, (1.0, 0),
+                             None, None, None, (1.0, 0), "int8", (-128, 127))
+    assert integrate.requant_rounding(layer) == rounding

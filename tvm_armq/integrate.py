@@ -375,6 +375,14 @@ def _conv_window(layer: _Layer) -> dict:
                 padding=tuple(int(v) for v in a.padding))
 
 
+def requant_rounding(layer: _Layer) -> str:
+    """How TFLite's reference kernel rounds the layer's requantization: its int8
+    FULLY_CONNECTED rounds once (``(acc * m + 2**(30 - s)) >> (31 - s)``), its CONV_2D
+    (and uint8 layers) twice, gemmlowp's way. Measured on TFLite's BUILTIN_REF, which
+    gives the two ops different results for the same accumulator (tests/test_integrate.py)."""
+    return "single" if layer.op == "dense" and layer.out_dtype == "int8" else "double"
+
+
 def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=True):
     """conv2d / dense as ``schedules.conv2d_gemm``; uint8 with a weight zero point also
     runs ``schedules.conv2d_u8``'s row sums first.
@@ -405,7 +413,7 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
     func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_dtype=dtype, out_dtype=dtype,
                                in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                                act_range=layer.act_range, w_zp=layer.w_zp,
-                               max_shift=int(shift.max()))
+                               max_shift=int(shift.max()), rounding=requant_rounding(layer))
     if tasks is not None:
         tasks.append((func, kernel))
     scheduled = None
