@@ -323,9 +323,11 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     tile = (micro.mr, micro.nr, micro.kr)
     mult, shift = _requant_params(q)
     # built as the compiler builds it (tvm_armq.integrate): with the kernel record (a
-    # pointwise layer may read its input in place) and for the layer's largest shift
+    # pointwise layer may read its input in place), for the layer's largest shift, and
+    # with TFLite's rounding of the op (integrate.requant_rounding: FC once, conv twice)
     f = cg.conv2d_gemm_func(shape, tile, kernel=micro, in_zp=q.in_zp, out_zp=q.out_zp,
-                            act_range=q.act_range, max_shift=int(shift.max()))
+                            act_range=q.act_range, max_shift=int(shift.max()),
+                            rounding="single" if q.op == "FULLY_CONNECTED" else "double")
     knobs = dataclasses.replace(cg.default_knobs(shape, micro, parallel=False),
                                 **KNOB_OVERRIDES)
     f = cg.schedule_conv2d_gemm(f, micro, target, knobs).with_attr("global_symbol",
