@@ -59,6 +59,11 @@ BOUNDS = {
     "mobilenet_v2_1.0": Bound(24, 1.0, 0.95, "per-layer rounding differences accumulate"),
     "resnet_block": Bound(2, 0.6, 0.98, "per-layer rounding differences accumulate"),
     "inception_block": Bound(4, 0.8, 0.95, "per-layer rounding differences accumulate"),
+    # Measured (seed 1, every level alike): 8 steps on 83% of the logits, corr 0.982.
+    "mobilenet_v3_small": Bound(12, 1.0, 0.96, "per-layer rounding differences accumulate"),
+    # Measured: 37 steps on 96.5% of the logits, corr 0.952; 120 float batch-norms (MUL
+    # and ADD by constants) each round once where TFLite rounds twice.
+    "densenet121": Bound(48, 1.0, 0.93, "per-layer rounding differences accumulate"),
 }
 MODELS = zoo.names()
 
