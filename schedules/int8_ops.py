@@ -22,6 +22,8 @@ ADD (``add_func``; TFLite's general 8-bit path, ``left_shift`` = 20)
     ``s_b / twice`` (<= 1/2), output factor ``twice / (2**20 * s_out)``, all in double.
     Eval: ``a' = M((a - zp_a) << 20, m_a, e_a)``, same for b,
     ``out = clamp(M(a' + b', m_out, e_out) + zp_out, act_lo, act_hi)``.
+SUB (``add_func(..., subtract=True)``): ADD's Prepare (TFLite's PrepareGeneralSubOp is
+    the same for 8-bit tensors), and ``a' - b'`` in Eval.
 MUL (``mul_func``)
     Prepare: ``s_a * s_b / s_out`` evaluated in **float32** (TFLite multiplies the float
     scales before the result becomes a double), then ``QuantizeMultiplier``.
@@ -162,10 +164,12 @@ class AddParams:
     out_dtype: str = "int8"
 
 
-def add_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8") -> AddParams:
-    """TFLite's ADD Prepare for 8-bit tensors; ``*_q`` = (float32 scale, zero point)."""
-    info = _dtype(dtype, "ADD")
-    (sa, za), (sb, zb), (so, zo) = (_quant(q, "ADD", w, info)
+def add_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8",
+               op: str = "ADD") -> AddParams:
+    """TFLite's ADD Prepare for 8-bit tensors (SUB's is the same: ``op`` names it in
+    errors); ``*_q`` = (float32 scale, zero point)."""
+    info = _dtype(dtype, op)
+    (sa, za), (sb, zb), (so, zo) = (_quant(q, op, w, info)
                                     for q, w in ((a_q, "input 1"), (b_q, "input 2"),
                                                  (out_q, "output")))
     twice_max = 2 * max(sa, sb)
@@ -173,12 +177,12 @@ def add_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8") -> AddParam
              quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so))]
     for (_, e), what in zip(mults, ("input 1", "input 2", "output")):
         if e > 0:  # TFLite's QuantizeMultiplierSmallerThanOneExp refuses these
-            raise ValueError(f"ADD: the {what} rescaling factor is not below 1 "
+            raise ValueError(f"{op}: the {what} rescaling factor is not below 1 "
                              f"(scales {sa}, {sb} -> {so}); TFLite rejects this model")
-        _check_shift(e, "ADD", what)
+        _check_shift(e, op, what)
     (ma, ea), (mb, eb), (mo, eo) = mults
     return AddParams(za, zb, zo, ADD_LEFT_SHIFT, ma, ea, mb, eb, mo, eo,
-                     _act_range(act_range, info, "ADD"), dtype)
+                     _act_range(act_range, info, op), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -360,16 +364,18 @@ def _finish(tensors, schedule, scheduler):
 
 # ----------------------------------------------------------------------------- ADD, MUL
 def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
-             dtype: str = "int8", *, schedule: bool = True):
+             dtype: str = "int8", *, schedule: bool = True, subtract: bool = False):
     """TFLite's 8-bit ADD (broadcasting, fused activation ``act_range``) as a PrimFunc
     ``(a, b, out)``; ``*_q`` = (float32 scale, zero point), ``act_range`` = (lo, hi) in
-    output units (``tflite_layers.activation_range``), None for no activation."""
+    output units (``tflite_layers.activation_range``), None for no activation.
+    ``subtract``: TFLite's SUB, the same Prepare and rescaling, then ``a' - b'``."""
     from tvm import te
 
     from tvm_armq.intrinsics.qmuls import qmuls
 
-    _check_broadcast("ADD", a_shape, b_shape, out_shape)
-    p = add_params(a_q, b_q, out_q, act_range, dtype)
+    op = "SUB" if subtract else "ADD"
+    _check_broadcast(op, a_shape, b_shape, out_shape)
+    p = add_params(a_q, b_q, out_q, act_range, dtype, op)
     a = te.placeholder(tuple(a_shape), dtype, "a")
     b = te.placeholder(tuple(b_shape), dtype, "b")
 
@@ -378,12 +384,13 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         return qmuls(x << p.left_shift, m, Q31, e)  # (x - zp) << 20 fits: |x - zp| <= 255
 
     def element(*idx):
-        total = (rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
-                 + rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx))
+        a_ = rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
+        b_ = rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx)
+        total = a_ - b_ if subtract else a_ + b_
         return _clamp_cast(qmuls(total, p.out_multiplier, Q31, p.out_shift) + p.out_zp,
                            *p.act_range, dtype)
 
-    out = te.compute(tuple(out_shape), element, name="add")
+    out = te.compute(tuple(out_shape), element, name=op.lower())
     return _finish((a, b, out), schedule, elementwise_schedule)
 
 

@@ -51,8 +51,8 @@ def test_strict_names_the_layers_that_stay_float(zoo_model):
     import tvm
 
     with pytest.raises(tvm.error.OpNotImplemented,
-                       match=r"(?s)1 quantized layer.*subtract +SUB \(TFLite operator 0\)"):
-        build.compile_tflite(zoo_model("sub"), "neon", strict=True)
+                       match=r"(?s)1 quantized layer.*RESIZE_BILINEAR \(TFLite operator 0\)"):
+        build.compile_tflite(zoo_model("resize_bilinear"), "neon", strict=True)
     report: list = []
     build.compile_tflite(zoo_model("conv2d_3x3"), "neon", strict=True, report=report)
     assert [type(r) for r in report] == [integrate.Lowered]
@@ -87,16 +87,16 @@ def test_inspect_names_row_tails(zoo_model):
 def test_inspect_cli(zoo_model, capsys, tmp_path):
     """inspect names the float layer and its TFLite operator; compile --strict refuses it
     with the exit status of an unsupported model, naming the operator."""
-    assert cli.main(["inspect", str(zoo_model("sub")), "--isa", "neon"]) == 0
+    assert cli.main(["inspect", str(zoo_model("resize_bilinear")), "--isa", "neon"]) == 0
     out = capsys.readouterr().out
-    assert "SUB (TFLite operator 0)" in out and "stays float" in out and "0 of 1" in out
+    assert "RESIZE_BILINEAR (TFLite operator 0)" in out and "stays float" in out and "0 of 1" in out
     unsupported = next(code for code, names in cli.EXIT_CODES
                        if "tvm.error:OpNotImplemented" in names)
-    status = cli.main(["compile", str(zoo_model("sub")), "--isa", "neon", "--strict",
-                       "-o", str(tmp_path / "sub.so")])
+    status = cli.main(["compile", str(zoo_model("resize_bilinear")), "--isa", "neon",
+                       "--strict", "-o", str(tmp_path / "resize.so")])
     assert status == unsupported
-    assert "SUB (TFLite operator 0)" in capsys.readouterr().err
-    assert not (tmp_path / "sub.so").exists()
+    assert "RESIZE_BILINEAR (TFLite operator 0)" in capsys.readouterr().err
+    assert not (tmp_path / "resize.so").exists()
 
 
 # ------------------------------------------------------------------ legacy uint8 models

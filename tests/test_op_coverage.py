@@ -5,8 +5,8 @@ reference kernels, bit for bit; the compile report must show no layer left in fl
 The cases are data (``CASES``: name, op, tensors, inputs, outputs, options): data
 movement the frontend imports exactly (STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE,
 EXPAND_DIMS, GATHER, SPLIT, PACK, PAD), MAXIMUM / MINIMUM (broadcast and constant
-forms), ADD / MUL with a constant per-channel operand (a batch-norm the converter
-folded), and MAX_POOL_2D with SAME and VALID padding whose windows cross every border.
+forms), ADD / MUL / SUB with a constant per-channel operand (a batch-norm the converter
+folded), SUB of two tensors (and broadcast), and MAX_POOL_2D with SAME and VALID padding whose windows cross every border.
 """
 
 from __future__ import annotations
@@ -116,6 +116,11 @@ def _mul_options(tfl, b):
     return tfl.MulOptionsEnd(b)
 
 
+def _sub_options(tfl, b):
+    tfl.SubOptionsStart(b)
+    return tfl.SubOptionsEnd(b)
+
+
 def _pool(name, in_hw, pool, stride, same):
     out = [(n + stride - 1) // stride if same else (n - pool) // stride + 1 for n in in_hw]
     return Case(name, "MAX_POOL_2D", (_t((1, *in_hw, 19)), _t((1, *out, 19))), (0,), (1,),
@@ -150,6 +155,12 @@ CASES = [
             ("AddOptions", _add_options)),
     _binary("mul_const_first_axes", "MUL", (2, 3, 33), (1, 3, 1), (2, 3, 33), True,
             ("MulOptions", _mul_options)),
+    _binary("sub", "SUB", (1, 6, 5, 21), (1, 6, 5, 21), (1, 6, 5, 21), False,
+            ("SubOptions", _sub_options)),
+    _binary("sub_broadcast", "SUB", (1, 6, 5, 21), (1, 1, 1, 21), (1, 6, 5, 21), False,
+            ("SubOptions", _sub_options)),
+    _binary("sub_per_channel_const", "SUB", (1, 6, 5, 21), (21,), (1, 6, 5, 21), True,
+            ("SubOptions", _sub_options)),
     _pool("max_pool_same_3x3_s2", (9, 10), 3, 2, True),
     _pool("max_pool_same_2x2_s2_odd", (7, 7), 2, 2, True),
     _pool("max_pool_same_3x3_s1", (5, 6), 3, 1, True),

@@ -27,7 +27,8 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   GEMM micro-kernel of the target
     conv2d, groups = in_c (depthwise)          -> depthwise     NEON widening MACs
     matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
-    add, multiply of two int8 tensors          -> int8_ops      TFLite's 8-bit ADD / MUL
+    add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
+    a constant operand)
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
     concat                                     -> int8_ops      a copy per input (requantizing
                                                                 inputs whose scale differs)
@@ -529,7 +530,8 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
     out_shape = _shape(quantize)
     y, act = _act_before(graph, quantize.args[0])
-    core = graph.call(y, "relax.add", "relax.multiply", "relax.maximum", "relax.minimum",
+    core = graph.call(y, "relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
+                      "relax.minimum",
                       "relax.mean", "relax.concat", "relax.nn.softmax", "relax.dequantize")
     if core is None:
         raise NotInteger("no integer kernel for this op")
@@ -539,16 +541,19 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     def record(kernel, inputs):
         return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
 
-    if op in ("add", "multiply"):
+    if op in ("add", "subtract", "multiply"):
         (a, a_q), (b, b_q) = (_quantized_operand(graph, e, f"{op} input {i}")
                               for i, e in enumerate(core.args))
-        if isinstance(a, np.ndarray):  # TFLite's 8-bit ADD and MUL are symmetric in a, b
+        if isinstance(a, np.ndarray) and op != "subtract":  # ADD, MUL: symmetric in a, b
             (a, a_q), (b, b_q) = (b, b_q), (a, a_q)
         if isinstance(a, np.ndarray):
-            raise NotInteger(f"{op} of two constants")
-        make = ops.add_func if op == "add" else ops.mul_func
-        func = make(_shape(a), b.shape if isinstance(b, np.ndarray) else _shape(b), out_shape,
-                    a_q, b_q, out_q, act_range)
+            raise NotInteger(f"{op} whose first operand is a constant")
+        b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
+        if op == "multiply":
+            func = ops.mul_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range)
+        else:
+            func = ops.add_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range,
+                                subtract=op == "subtract")
         if isinstance(b, np.ndarray):
             return _KernelCall(func, op, [a], [b], out_shape,
                                record(f"{op}_s8_tflite", [a]))

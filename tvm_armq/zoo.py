@@ -39,9 +39,10 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
                     inputs whose scale differs from the output's.
   logistic          LOGISTIC (sigmoid) on 1x16x16x8, input calibrated on [-4, 4] (an
                     8-bit table of TFLite's arithmetic in tvm_armq)
-  sub               SUB of two 1x16x16x8 inputs calibrated on different ranges:
-                    tvm_armq has no integer kernel for it, so it tests the float
-                    fallback (dequantize -> subtract -> quantize)
+  sub               SUB of two 1x16x16x8 inputs calibrated on different ranges
+  resize_bilinear   RESIZE_BILINEAR (Keras UpSampling2D, bilinear, half-pixel centres)
+                    1x8x8x8 -> 1x16x16x8: tvm_armq has no integer kernel for it yet, so
+                    it tests the float fallback (dequantize -> resize -> quantize)
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -438,8 +439,14 @@ def _build_softmax(rng):
     return _single_layer([_SOFTMAX_IN], lambda L: L.Softmax(axis=-1, name="softmax"), rng)
 
 
+def _build_resize_bilinear(rng):
+    # RESIZE_BILINEAR: tvm_armq has no integer kernel for it yet; the model tests the
+    # float fallback.
+    return _single_layer([(1, 8, 8, 8)], lambda L: L.UpSampling2D(
+        2, interpolation="bilinear", name="resize_bilinear"), rng)
+
+
 def _build_sub(rng):
-    # SUB: tvm_armq has no integer kernel for it; the model tests the float fallback.
     keras = _tf().keras
     a, b = _inputs([_X8, _X8])
     return keras.Model([a, b], keras.layers.Subtract(name="sub")([a, b]))
@@ -652,8 +659,11 @@ _SPECS: tuple[ModelSpec, ...] = (
               "LOGISTIC (sigmoid), 8 ch, input calibrated on [-4, 4]",
               op="LOGISTIC", input_ranges=((-4.0, 4.0),)),
     ModelSpec("sub", _build_sub, (_X8, _X8),
-              "SUB of two inputs with different scales: no tvm_armq kernel, stays "
-              "float QDQ", op="SUB", input_ranges=_TWO_RANGES),
+              "SUB of two inputs with different scales", op="SUB",
+              input_ranges=_TWO_RANGES),
+    ModelSpec("resize_bilinear", _build_resize_bilinear, ((1, 8, 8, 8),),
+              "RESIZE_BILINEAR 8x8 -> 16x16: no tvm_armq kernel yet, stays float QDQ",
+              op="RESIZE_BILINEAR"),
     # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
     ModelSpec("mobilenet_v1_0.25", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
               "Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
