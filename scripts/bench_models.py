@@ -38,7 +38,7 @@ from tvm_armq.tflite_model import TFLiteModel
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
 DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "inception_block", "mobilenet_v1_1.0",
-                  "mobilenet_v2_1.0"]
+                  "mobilenet_v2_1.0", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
 
 
 ALL_BLOCKS = 1_000_000  # armperf --top: list every modelled block, for reprice

@@ -26,7 +26,7 @@ from tvm_armq.tflite_model import TFLiteModel
 pytestmark = pytest.mark.device
 
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
-        "inception_block", "mobilenet_v3_small", "densenet121"]
+        "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
 # Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
 # which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
 # land one step off. Bound: at most one step, on at most this share of the outputs.
@@ -47,6 +47,7 @@ INTEGER_PATHS = {
     "sub": {("subtract", "subtract_s8_tflite")},
     "mobilenet_v3_small": {("hard_swish", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
     "densenet121": {("multiply", "multiply_s8_tflite"), ("add", "add_s8_tflite")},
+    "efficientnet_b1": {("logistic", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
 }
 
 

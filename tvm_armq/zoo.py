@@ -52,6 +52,8 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
   mobilenet_v3_small tf.keras.applications.MobileNetV3Small, alpha 0.75, 1x96x96x3
                      (HARD_SWISH, squeeze-excite blocks with SHAPE / STRIDED_SLICE /
                      PACK / RESHAPE and MUL)
+  efficientnet_b1    tf.keras.applications.EfficientNetB1, 1x64x64x3 (swish as LOGISTIC
+                     and MUL, squeeze-excite blocks, an input Normalization layer)
   densenet121        tf.keras.applications.DenseNet121, 1x64x64x3 (the batch-norm in
                      front of each convolution is a per-channel MUL and ADD)
   resnet_block       small ResNet-style net on 1x32x32x3: conv stem, three residual
@@ -240,7 +242,7 @@ def _randomize_weights(model, rng: np.random.RandomState) -> None:
     Kernels: He-normal (std = sqrt(2 / fan_in)) so ReLU nets keep their activation
     scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm: gamma U(0.5, 1.5),
     beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving stats with
-    ``_fit_batchnorm_stats``.
+    ``_fit_batchnorm_stats``.  An input Normalization layer: the identity.
     """
     for layer in model.layers:
         for var in layer.weights:
@@ -264,6 +266,10 @@ def _randomize_weights(model, rng: np.random.RandomState) -> None:
                 value = np.zeros(shape)
             elif role == "moving_variance":
                 value = np.ones(shape)
+            elif role in ("mean", "variance", "count"):
+                # an input Normalization layer's statistics (EfficientNet's): the
+                # identity (mean 0, variance 1), as the un-adapted layer starts
+                value = np.ones(shape) if role == "variance" else np.zeros(shape)
             else:
                 raise ValueError(
                     f"zoo: don't know how to initialise weight {var.name!r} "
@@ -534,6 +540,17 @@ def _build_densenet121(rng):
     return _finish_net(model, shape, rng)
 
 
+def _build_efficientnet_b1(rng):
+    """Keras EfficientNet-B1 at 64x64: swish as LOGISTIC and MUL, squeeze-excite blocks
+    (SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE, MUL), an input Normalization layer."""
+    keras = _tf().keras
+    shape = (1, 64, 64, 3)
+    (inp,) = _inputs([shape])
+    model = keras.applications.EfficientNetB1(input_tensor=inp, weights=None,
+                                              classifier_activation=None)
+    return _finish_net(model, shape, rng)
+
+
 def _build_resnet_block(rng):
     """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
     keras = _tf().keras
@@ -684,6 +701,9 @@ _SPECS: tuple[ModelSpec, ...] = (
               "Keras MobileNetV3-Small, alpha 0.75, 96x96, 1000 logits: HARD_SWISH, "
               "squeeze-excite (SHAPE / STRIDED_SLICE / PACK / RESHAPE, MUL)",
               calib_samples=32),
+    ModelSpec("efficientnet_b1", _build_efficientnet_b1, ((1, 64, 64, 3),),
+              "Keras EfficientNet-B1, 64x64, 1000 logits: swish (LOGISTIC, MUL), "
+              "squeeze-excite", calib_samples=32),
     ModelSpec("densenet121", _build_densenet121, ((1, 64, 64, 3),),
               "Keras DenseNet-121, 64x64, 1000 logits: per-channel batch-norm as MUL "
               "and ADD by constants, 58 concatenations", calib_samples=32),
