@@ -29,6 +29,9 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
     add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
     a constant operand)
+    maximum, minimum                           -> int8_ops      raw 8-bit comparisons
+    sigmoid, tanh, leakyrelu, relu, clip,      -> lut           a 256-entry table of TFLite's
+    x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
     concat                                     -> int8_ops      a copy per input (requantizing
                                                                 inputs whose scale differs)
@@ -488,8 +491,8 @@ def _act_before(graph: _Graph, y):
 
 def _quantized_operand(graph: _Graph, expr, what: str):
     """(int8 variable or constant array, (scale, zp)) of a dequantized per-tensor operand:
-    ADD / MUL take a constant operand (a batch-norm folded to a per-channel MUL and ADD)
-    exactly as they take a tensor."""
+    ADD, SUB, MUL, MAXIMUM and MINIMUM take a constant operand (a batch-norm left as a
+    per-channel MUL and ADD) exactly as they take a tensor."""
     deq = _dequantize_of(graph, expr)
     value = graph.const(deq.args[0]) if deq is not None else None
     if value is None:
@@ -498,6 +501,26 @@ def _quantized_operand(graph: _Graph, expr, what: str):
         raise NotInteger(f"{what} is a {value.dtype} constant (int8 only)")
     q = _qparams(graph, deq).scalar(what)
     return value.reshape(_shape(expr)), q
+
+
+def _binary_operands(graph: _Graph, core, op: str, symmetric: bool):
+    """((a, a_q), (b, b_q)) of a two-input op, a constant operand (if any) second: swapped
+    there when the op is ``symmetric`` in its inputs; a constant first operand of an
+    asymmetric op (SUB) has no kernel form."""
+    (a, a_q), (b, b_q) = (_quantized_operand(graph, e, f"{op} input {i}")
+                          for i, e in enumerate(core.args))
+    if isinstance(a, np.ndarray) and symmetric:
+        (a, a_q), (b, b_q) = (b, b_q), (a, a_q)
+    if isinstance(a, np.ndarray):
+        raise NotInteger(f"{op} whose first operand is a constant")
+    return (a, a_q), (b, b_q)
+
+
+def _binary_call(func, op: str, a, b, out_shape, record) -> "_KernelCall":
+    """The call of a two-input kernel: ``b`` a graph input, or a constant operand."""
+    if isinstance(b, np.ndarray):
+        return _KernelCall(func, op, [a], [b], out_shape, record)
+    return _KernelCall(func, op, [a, b], [], out_shape, record)
 
 
 def _quantized_var(graph: _Graph, expr, what: str):
@@ -531,8 +554,8 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     out_shape = _shape(quantize)
     y, act = _act_before(graph, quantize.args[0])
     core = graph.call(y, "relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
-                      "relax.minimum",
-                      "relax.mean", "relax.concat", "relax.nn.softmax", "relax.dequantize")
+                      "relax.minimum", "relax.mean", "relax.concat", "relax.nn.softmax",
+                      "relax.dequantize")
     if core is None:
         raise NotInteger("no integer kernel for this op")
     op = core.op.name.replace("relax.", "").replace("nn.", "")
@@ -542,35 +565,21 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
 
     if op in ("add", "subtract", "multiply"):
-        (a, a_q), (b, b_q) = (_quantized_operand(graph, e, f"{op} input {i}")
-                              for i, e in enumerate(core.args))
-        if isinstance(a, np.ndarray) and op != "subtract":  # ADD, MUL: symmetric in a, b
-            (a, a_q), (b, b_q) = (b, b_q), (a, a_q)
-        if isinstance(a, np.ndarray):
-            raise NotInteger(f"{op} whose first operand is a constant")
+        (a, a_q), (b, b_q) = _binary_operands(graph, core, op, symmetric=op != "subtract")
         b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
         if op == "multiply":
             func = ops.mul_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range)
         else:
             func = ops.add_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range,
                                 subtract=op == "subtract")
-        if isinstance(b, np.ndarray):
-            return _KernelCall(func, op, [a], [b], out_shape,
-                               record(f"{op}_s8_tflite", [a]))
-        return _KernelCall(func, op, [a, b], [], out_shape, record(f"{op}_s8_tflite", [a]))
+        return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
     if op in ("maximum", "minimum"):  # raw 8-bit comparisons (TFLite rescales nothing)
-        (a, _), (b, _) = (_quantized_operand(graph, e, f"{op} input {i}")
-                          for i, e in enumerate(core.args))
-        if isinstance(a, np.ndarray):  # max and min are symmetric in a, b
-            a, b = b, a
-        if isinstance(a, np.ndarray):
-            raise NotInteger(f"{op} of two constants")
+        (a, _), (b, _) = _binary_operands(graph, core, op, symmetric=True)
         b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
         func = ops.min_max_func(op, _shape(a), b_shape, out_shape)
-        inputs, consts = ([a], [b]) if isinstance(b, np.ndarray) else ([a, b], [])
-        return _KernelCall(func, op, inputs, consts, out_shape, record(f"{op}_s8", [a]))
+        return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8", [a]))
     if op == "mean":
         x, x_q = _quantized_var(graph, core.args[0], "the mean input")
         axes = [int(v) for v in core.attrs.axis]
@@ -665,9 +674,8 @@ def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
     except ValueError as e:  # TFLite's Prepare refuses these parameters too
         raise NotInteger(str(e)) from None
     shape = _shape(quantize)
-    return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape,
-                       Lowered(op.lower(), label, _shape(x), shape, f"lut_{_SHORT_DTYPE[dtype]}_tflite"),
-                       dtype)
+    record = Lowered(op.lower(), label, _shape(x), shape, f"lut_{_SHORT_DTYPE[dtype]}_tflite")
+    return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape, record, dtype)
 
 
 def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
