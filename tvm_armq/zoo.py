@@ -516,39 +516,34 @@ def _build_mobilenet_v2_100(rng):
     return _finish_net(model, shape, rng)
 
 
+def _application(name: str, shape, rng, **options):
+    """``keras.applications.<name>`` on a (1, h, w, 3) input with random weights, 1000
+    logits (no softmax), its batch-norm statistics fitted (``_finish_net``)."""
+    keras = _tf().keras
+    (inp,) = _inputs([shape])
+    model = getattr(keras.applications, name)(input_tensor=inp, weights=None,
+                                              classifier_activation=None, **options)
+    return _finish_net(model, shape, rng)
+
+
 def _build_mobilenet_v3_small(rng):
     """Keras MobileNetV3-Small: HARD_SWISH, squeeze-excite blocks (SHAPE -> STRIDED_SLICE
     -> PACK -> RESHAPE around the excite vector, a hard-sigmoid as MUL / ADD by
     constants), per-channel MUL."""
-    keras = _tf().keras
-    shape = (1, 96, 96, 3)
-    (inp,) = _inputs([shape])
-    model = keras.applications.MobileNetV3Small(
-        input_tensor=inp, alpha=0.75, weights=None, classifier_activation=None,
-        include_preprocessing=False)
-    return _finish_net(model, shape, rng)
+    return _application("MobileNetV3Small", (1, 96, 96, 3), rng, alpha=0.75,
+                        include_preprocessing=False)
 
 
 def _build_densenet121(rng):
     """Keras DenseNet-121 at 64x64: the batch-norm in front of each convolution stays a
     per-channel MUL and ADD by constants (nothing to fold it into), 58 concatenations."""
-    keras = _tf().keras
-    shape = (1, 64, 64, 3)
-    (inp,) = _inputs([shape])
-    model = keras.applications.DenseNet121(input_tensor=inp, weights=None,
-                                           classifier_activation=None)
-    return _finish_net(model, shape, rng)
+    return _application("DenseNet121", (1, 64, 64, 3), rng)
 
 
 def _build_efficientnet_b1(rng):
     """Keras EfficientNet-B1 at 64x64: swish as LOGISTIC and MUL, squeeze-excite blocks
     (SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE, MUL), an input Normalization layer."""
-    keras = _tf().keras
-    shape = (1, 64, 64, 3)
-    (inp,) = _inputs([shape])
-    model = keras.applications.EfficientNetB1(input_tensor=inp, weights=None,
-                                              classifier_activation=None)
-    return _finish_net(model, shape, rng)
+    return _application("EfficientNetB1", (1, 64, 64, 3), rng)
 
 
 def _build_resnet_block(rng):
