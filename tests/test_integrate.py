@@ -190,30 +190,23 @@ def _layer_accumulators(model, op_index: int, seeds):
     """(int32 accumulators, TFLite's int8 outputs, multipliers, shifts, output zero point)
     of the zoo model's CONV_2D (1x1) or FULLY_CONNECTED operator ``op_index``, from the
     tensors TFLite's reference kernels computed for each seed's input."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
     from tvm_armq.intrinsics.requant import quantize_multipliers
 
-    it = Interpreter(model_content=model.data, num_threads=1,
-                     experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
-                     experimental_preserve_all_tensors=True)
-    it.allocate_tensors()
     op = model.flatbuffer().Subgraphs(0).Operators(op_index)
     x_i, w_i, b_i = (op.Inputs(i) for i in range(3))
-    details = {d["index"]: d["quantization_parameters"] for d in it.get_tensor_details()}
-    x_q, w_q, out_q = details[x_i], details[w_i], details[op.Outputs(0)]
-    real = (np.float64(x_q["scales"][0]) * w_q["scales"].astype(np.float64)
-            / np.float64(out_q["scales"][0]))
-    mult, shift = quantize_multipliers(real)
     accs, outs = [], []
     for seed in seeds:
-        it.set_tensor(it.get_input_details()[0]["index"], model.random_inputs(seed)[0])
-        it.invoke()
+        it = model.reference_run(model.random_inputs(seed), keep_all_tensors=True)
+        details = {d["index"]: d["quantization_parameters"] for d in it.get_tensor_details()}
+        x_q, w_q, out_q = details[x_i], details[w_i], details[op.Outputs(0)]
         x = it.get_tensor(x_i).astype(np.int64) - int(x_q["zero_points"][0])
         w = it.get_tensor(w_i).astype(np.int64)
         w = w.reshape(w.shape[0], -1)  # FC [N, K]; a 1x1 conv's OHWI is [N, 1, 1, K]
         accs.append(x.reshape(-1, w.shape[1]) @ w.T + it.get_tensor(b_i).astype(np.int64))
         outs.append(it.get_tensor(op.Outputs(0)).reshape(accs[-1].shape))
+    real = (np.float64(x_q["scales"][0]) * w_q["scales"].astype(np.float64)
+            / np.float64(out_q["scales"][0]))
+    mult, shift = quantize_multipliers(real)
     return np.concatenate(accs), np.concatenate(outs), mult, shift, int(out_q["zero_points"][0])
 
 

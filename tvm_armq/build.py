@@ -162,14 +162,9 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
                 f"(tvm_armq's kernels); {describe_target(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
-    database = _load_database(tuning_database, tgt)
     layers = [] if report is None else report
-    with tgt:
-        mod = integrate.quantized_to_integer(tgt, database=database, report=layers)(mod)
-        if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
-            from . import integrate_bf16
-
-            mod = integrate_bf16.float_to_bf16(tgt, report=layers)(mod)
+    mod = lower(mod, tgt, database=_load_database(tuning_database, tgt), precision=precision,
+                report=layers)
     fallbacks = [r for r in layers if isinstance(r, integrate.Fallback)]
     if strict and fallbacks:
         raise tvm.error.OpNotImplemented(
@@ -182,6 +177,23 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             "would run on tvm_armq's integer kernels (a float model: quantize it to int8, "
             "or compile it with precision bf16 at the i8mm level)")
     return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
+
+
+def lower(mod, target, *, database=None, precision: str = "int8", report: list | None = None):
+    """``mod`` (an imported TFLite model) with tvm_armq's passes applied for the aarch64
+    ``target``: quantized layers on integer kernels (scheduled from ``database`` where it
+    has them), and with ``precision="bf16"`` float conv2d / dense as bfmmla GEMMs.
+    ``report`` receives a record per layer. ``tvm.compile(mod, target=target,
+    relax_pipeline=hooks.stock_pipeline())`` then builds it (the pass has already run)."""
+    from . import integrate
+
+    with target:
+        mod = integrate.quantized_to_integer(target, database=database, report=report)(mod)
+        if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
+            from . import integrate_bf16
+
+            mod = integrate_bf16.float_to_bf16(target, report=report)(mod)
+    return mod
 
 
 def _load_database(tuning_database, target):

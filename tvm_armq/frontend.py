@@ -16,8 +16,8 @@ Converters emit SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE around Keras ``Reshape
 (squeeze-excite blocks): the RESHAPE's target shape is then a tensor computed in the
 graph, which the frontend cannot turn into a Relax shape. Every tensor records its shape in
 the flatbuffer (the sizes the model was converted with, which are the sizes the frontend
-imports it with), so such a RESHAPE is folded at compile time to its output's shape, and the shape arithmetic before it
-is left unused (dead code, removed by the pass).
+imports it with), so such a RESHAPE is folded at compile time to its output's shape, and
+the shape arithmetic before it is left unused (dead code, removed by the pass).
 
 TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims`` a third
 argument); ``_convert_expand_dims`` replaces it.

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .frontend import operator_of
+from .frontend import operator_name, operator_of
 from .tflite_model import TFLiteModel
 
 
@@ -73,15 +73,7 @@ def _kernels(report: list) -> dict[str, str]:
 
 def _reference_tensors(model: TFLiteModel, inputs, operators) -> list[np.ndarray]:
     """TFLite's (``BUILTIN_REF``) output tensor of each operator, for ``inputs``."""
-    from ai_edge_litert.interpreter import Interpreter, OpResolverType
-
-    it = Interpreter(model_content=model.data, num_threads=1,
-                     experimental_op_resolver_type=OpResolverType.BUILTIN_REF,
-                     experimental_preserve_all_tensors=True)
-    it.allocate_tensors()
-    for detail, x in zip(it.get_input_details(), inputs):
-        it.set_tensor(detail["index"], x)
-    it.invoke()
+    it = model.reference_run(inputs, keep_all_tensors=True)
     graph = model.flatbuffer().Subgraphs(0)
     return [it.get_tensor(int(graph.Operators(index).Outputs(0))) for index, _ in operators]
 
@@ -93,17 +85,16 @@ def diff_layers(model, level: str, session, inputs=None, *, stock: bool = False,
     path) instead of tvm_armq's kernels. Returns one ``LayerDiff`` per operator, in order."""
     import tvm
 
-    from . import build, hooks, integrate
+    from . import build, hooks
 
     model = TFLiteModel.load(model)
     inputs = model.random_inputs() if inputs is None else inputs
     mod, operators = keep_every_layer(build.import_tflite(model))
     target = build.resolve_target(level)
     report: list = []
-    with target:
-        if not stock:
-            mod = integrate.quantized_to_integer(target, report=report)(mod)
-        exe = tvm.compile(mod, target=target, relax_pipeline=hooks.stock_pipeline())
+    if not stock:
+        mod = build.lower(mod, target, report=report)
+    exe = tvm.compile(mod, target=target, relax_pipeline=hooks.stock_pipeline())
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         lib = build.export_aarch64(exe, Path(tmp) / "layers.so")
         got = build.run_on_device(session, lib, inputs)
@@ -111,8 +102,7 @@ def diff_layers(model, level: str, session, inputs=None, *, stock: bool = False,
     kernels = _kernels(report)
     out = []
     for (index, code), g, e in zip(operators, got, expected):
-        name = f"op{index}_{code.lower()}"
-        kernel = "stock TVM" if stock else kernels.get(name, "frontend")
+        kernel = "stock TVM" if stock else kernels.get(operator_name(index, code), "frontend")
         if g.shape != e.shape:
             raise RuntimeError(f"op {index} {code}: tvm_armq computed shape {g.shape}, "
                                f"TFLite {e.shape}")

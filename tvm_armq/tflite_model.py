@@ -99,12 +99,13 @@ class TFLiteModel:
 
         return tflite.Model.GetRootAsModel(self.data, 0)
 
-    def _interpreter(self, reference_kernels: bool):
+    def _interpreter(self, reference_kernels: bool, keep_all_tensors: bool = False):
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
         kind = OpResolverType.BUILTIN_REF if reference_kernels else OpResolverType.AUTO
         it = Interpreter(model_content=self.data, experimental_op_resolver_type=kind,
-                         num_threads=1)
+                         num_threads=1,
+                         experimental_preserve_all_tensors=keep_all_tensors)
         it.allocate_tensors()
         return it
 
@@ -134,11 +135,19 @@ class TFLiteModel:
     def reference_outputs(self, inputs: list[np.ndarray], *,
                           reference_kernels: bool = True) -> list[np.ndarray]:
         """Run the model in TFLite on the host and return its outputs in order."""
-        it = self._interpreter(reference_kernels)
+        it = self.reference_run(inputs, reference_kernels=reference_kernels)
+        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
+
+    def reference_run(self, inputs: list[np.ndarray], *, reference_kernels: bool = True,
+                      keep_all_tensors: bool = False):
+        """The TFLite interpreter after running ``inputs``; ``keep_all_tensors``: every
+        intermediate tensor stays readable (``get_tensor`` by tensor index), not only the
+        outputs."""
+        it = self._interpreter(reference_kernels, keep_all_tensors)
         ins = it.get_input_details()
         if len(inputs) != len(ins):
             raise ValueError(f"{self.label} takes {len(ins)} inputs, got {len(inputs)}")
         for d, x in zip(ins, inputs):
             it.set_tensor(d["index"], np.asarray(x, dtype=d["dtype"]))
         it.invoke()
-        return [it.get_tensor(d["index"]).copy() for d in it.get_output_details()]
+        return it
