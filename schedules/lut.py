@@ -30,8 +30,10 @@ LEAKY_RELU (``leaky_relu_table``; ``reference_ops::QuantizeLeakyRelu``)
     identity ``s_in / s_out``, alpha ``s_in * alpha / s_out``.
     Eval: ``d = x - zp_in``; ``clamp(M(d, identity if d >= 0 else alpha) + zp_out)``.
 RELU, RELU6, RELU_N1_TO_1 (``relu_table``; TFLite's ``ReluX``)
-    Prepare: ``s_in / s_out`` (float32) split by QuantizeMultiplier; the clamp bounds
-    ``zp_out + (int)roundf(bound / s_out)`` within the dtype (RELU has no upper bound).
+    Prepare: ``s_in / s_out`` (float32) split by QuantizeMultiplier; the clamp (lo, hi)
+    is the activation's range in output units, ``zp_out + roundf(bound / s_out)`` within
+    the dtype, which the caller passes as ``act_range``: the same range TFLite computes
+    for a fused activation (``tflite_layers.activation_range``).
     Eval: ``clamp(M(x - zp_in, m, e) + zp_out, lo, hi)``.
 
 The kernel (``lut_func``): ``out[...] = table[x[...] - dtype_min]``, the table an int8
@@ -64,7 +66,8 @@ INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
 # The TFLite op -> the float function its 8-bit reference kernel tabulates
 FLOAT_FUNCTIONS = ("LOGISTIC", "TANH")
 # RELU family: (lower, upper) bound in real units; None = open
-RELU_BOUNDS = {"RELU": (0.0, None), "RELU6": (0.0, 6.0), "RELU_N1_TO_1": (-1.0, 1.0)}
+# RELU family: requantize and clamp to the activation's range (passed in as act_range)
+RELU_OPS = ("RELU", "RELU6", "RELU_N1_TO_1")
 
 
 def _inputs(dtype: str) -> np.ndarray:
@@ -214,44 +217,30 @@ def leaky_relu_table(in_q, out_q, alpha: float, dtype: str = "int8") -> np.ndarr
     return _clamp(out, dtype)
 
 
-def relu_bounds(op: str, out_q, dtype: str = "int8") -> tuple[int, int]:
-    """The clamp of TFLite's quantized RELU / RELU6 / RELU_N1_TO_1 (QuantizedReluX)."""
-    s_out, zp_out = out_q
-    info = np.iinfo(dtype)
-    lo_real, hi_real = RELU_BOUNDS[op]
-
-    def at(real):  # zp + (int32)roundf(real / scale), a float32 quotient
-        return int(zp_out) + int(_round_half_away(_f32(_f32(real) / _f32(s_out))))
-
-    lo = max(int(info.min), at(lo_real))
-    hi = int(info.max) if hi_real is None else min(int(info.max), at(hi_real))
-    return lo, hi
-
-
-def relu_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
-    """TFLite's 8-bit RELU, RELU6 or RELU_N1_TO_1 (``ReluX``): requantize, then clamp."""
+def relu_table(in_q, out_q, act_range, dtype: str = "int8") -> np.ndarray:
+    """TFLite's 8-bit RELU, RELU6 or RELU_N1_TO_1 (``ReluX``): requantize, then clamp to
+    ``act_range``, the activation's (lo, hi) in output units."""
     (s_in, zp_in), (s_out, zp_out) = in_q, out_q
-    lo, hi = relu_bounds(op, out_q, dtype)
     out = _mbqm(_inputs(dtype) - int(zp_in), _f32(_f32(s_in) / _f32(s_out))) + int(zp_out)
-    return np.clip(out, lo, hi).astype(dtype)
+    return np.clip(out, *act_range).astype(dtype)
 
 
 def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
     """The 256-entry table of TFLite op ``op`` (``"LOGISTIC"``, ``"HARD_SWISH"``, ...),
-    entry ``k`` for input value ``dtype_min + k``; ``options``: LEAKY_RELU's ``alpha``."""
+    entry ``k`` for input value ``dtype_min + k``; ``options``: LEAKY_RELU's ``alpha``,
+    the RELU family's ``act_range``."""
     if op in FLOAT_FUNCTIONS:
         return float_table(op, in_q, out_q, dtype)
     if op == "HARD_SWISH":
         return hard_swish_table(in_q, out_q, dtype)
     if op == "LEAKY_RELU":
         return leaky_relu_table(in_q, out_q, options["alpha"], dtype)
-    if op in RELU_BOUNDS:
-        return relu_table(op, in_q, out_q, dtype)
-    raise ValueError(f"no table for TFLite op {op}: expected one of "
-                     f"{', '.join(FLOAT_FUNCTIONS + ('HARD_SWISH', 'LEAKY_RELU') + tuple(RELU_BOUNDS))}")
+    if op in RELU_OPS:
+        return relu_table(in_q, out_q, options["act_range"], dtype)
+    raise ValueError(f"no table for TFLite op {op}: expected one of {', '.join(OPS)}")
 
 
-OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + tuple(RELU_BOUNDS)
+OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS
 
 
 # ----------------------------------------------------------------------------- the kernel

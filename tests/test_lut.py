@@ -21,12 +21,16 @@ import pytest
 
 from tvm_armq import build, integrate
 from tvm_armq.schedules import lut
+from tvm_armq.tflite_layers import (ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
+                                    activation_range)
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.tflite_writer import single_op_model
 
 # TFLite's fixed output quantization of its 8-bit LOGISTIC and TANH kernels
 FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "uint8"): (1 / 256, 0),
                 ("TANH", "int8"): (1 / 128, 0), ("TANH", "uint8"): (1 / 128, 128)}
+# the RELU family's clamp, as the pass computes it (tflite_layers.activation_range)
+RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RELU_N1_TO_1}
 HOST_DRAWS = 20  # random (scale, zero point) draws per op and dtype, plus the edge cases
 
 
@@ -64,6 +68,8 @@ def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_ou
         s_out = float(np.float32(s_in * 10 ** rng.uniform(-1, 1)))
         out_q = (s_out, mid + int(rng.randint(-64, 64)) if zp_out is None else zp_out)
     options = {"alpha": float(np.float32(rng.uniform(-1, 1.5)))} if op == "LEAKY_RELU" else {}
+    if op in RELU_ACTIVATIONS:
+        options = {"act_range": activation_range(RELU_ACTIVATIONS[op], *out_q, dtype)}
     return (s_in, zp_in), out_q, options
 
 

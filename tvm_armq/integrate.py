@@ -655,6 +655,7 @@ def _unary_of(graph: _Graph, y):
 
 
 _SHORT_DTYPE = {"int8": "s8", "uint8": "u8"}  # the naming grammar's dtype letters
+_RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RELU_N1_TO_1}
 
 
 def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
@@ -669,6 +670,8 @@ def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
     if graph.const(x) is not None or _dtype(x) != dtype or dtype not in lut.DTYPES:
         raise NotInteger(f"{op} of a {_dtype(x)} input to {dtype} (8-bit tensors only)")
     out_q = _qparams(graph, quantize).scalar("the output")
+    if op in _RELU_ACTIVATIONS:  # its clamp: the range TFLite gives the activation
+        options = {"act_range": activation_range(_RELU_ACTIVATIONS[op], *out_q, dtype)}
     try:
         table = lut.table(op, in_q, out_q, dtype, **options)
     except ValueError as e:  # TFLite's Prepare refuses these parameters too

@@ -66,7 +66,8 @@ def activation_range(act: int, out_scale: float, out_zp: int, dtype: str = "int8
 
     def quantize(v: float) -> int:  # TfLiteRound: half away from zero, of a float32 quotient
         q = np.float32(v) / np.float32(out_scale)
-        return out_zp + int(np.sign(q) * np.floor(np.abs(q) + np.float32(0.5)))
+        # + 0.5 in float64, exact: in float32 it rounds a quotient just below a half up
+        return out_zp + int(np.sign(q) * np.floor(np.abs(np.float64(q)) + 0.5))
 
     lo, hi = int(info.min), int(info.max)
     if act == ACT_RELU:
