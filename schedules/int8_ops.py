@@ -22,8 +22,13 @@ ADD (``add_func``; TFLite's general 8-bit path, ``left_shift`` = 20)
     ``s_b / twice`` (<= 1/2), output factor ``twice / (2**20 * s_out)``, all in double.
     Eval: ``a' = M((a - zp_a) << 20, m_a, e_a)``, same for b,
     ``out = clamp(M(a' + b', m_out, e_out) + zp_out, act_lo, act_hi)``.
-SUB (``add_func(..., subtract=True)``): ADD's Prepare (TFLite's PrepareGeneralSubOp is
+SUB (``add_func(..., op="SUB")``): ADD's Prepare (TFLite's PrepareGeneralSubOp is
     the same for 8-bit tensors), and ``a' - b'`` in Eval.
+SQUARED_DIFFERENCE (``add_func(..., op="SQUARED_DIFFERENCE")``; int8 only, as TFLite)
+    ADD's recipe with ``left_shift`` = 7: the same input factors, output factor
+    ``twice**2 / (2**14 * s_out)``. Eval: ``d = a' - b'``,
+    ``out = clamp(M(d * d, m_out, e_out) + zp_out)`` (``|d| <= 255 << 7``: ``d * d``
+    fits in int32). TFLite refuses an output factor of 1 or more.
 MUL (``mul_func``)
     Prepare: ``s_a * s_b / s_out`` evaluated in **float32** (TFLite multiplies the float
     scales before the result becomes a double), then ``QuantizeMultiplier``.
@@ -93,6 +98,12 @@ DTYPES = ("int8", "uint8")
 Q31 = 31  # fractional bits of TFLite's multipliers (qmuls' q)
 
 ADD_LEFT_SHIFT = 20  # TFLite's 8-bit ADD works on (x - zp) << 20 (< 2**28: the sum fits)
+# SQUARED_DIFFERENCE works on (x - zp) << 7: the square of a difference fits in int32
+SQUARED_DIFFERENCE_LEFT_SHIFT = 7
+# The ops that rescale both inputs to a common scale first (TFLite's ADD recipe), by the
+# left shift that keeps the rescaled inputs exact
+COMMON_SCALE_OPS = {"ADD": ADD_LEFT_SHIFT, "SUB": ADD_LEFT_SHIFT,
+                    "SQUARED_DIFFERENCE": SQUARED_DIFFERENCE_LEFT_SHIFT}
 
 MEAN_MAX_FOLD_SHIFT = 32  # TFLite folds 1/n into the multiplier with at most 32 extra bits
 
@@ -162,27 +173,36 @@ class AddParams:
     out_shift: int
     act_range: tuple[int, int]
     out_dtype: str = "int8"
+    op: str = "ADD"  # or SUB, SQUARED_DIFFERENCE: how the rescaled inputs combine
 
 
 def add_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8",
                op: str = "ADD") -> AddParams:
-    """TFLite's ADD Prepare for 8-bit tensors (SUB's is the same: ``op`` names it in
-    errors); ``*_q`` = (float32 scale, zero point)."""
+    """TFLite's Prepare of an op of ``COMMON_SCALE_OPS`` for 8-bit tensors (ADD; SUB's is
+    the same; SQUARED_DIFFERENCE's with its own left shift and a squared output factor);
+    ``*_q`` = (float32 scale, zero point)."""
+    if op not in COMMON_SCALE_OPS:
+        raise ValueError(f"{op} is not one of {', '.join(COMMON_SCALE_OPS)}")
+    if op == "SQUARED_DIFFERENCE" and dtype != "int8":
+        raise ValueError(f"SQUARED_DIFFERENCE: TFLite has no {dtype} kernel (int8 only)")
     info = _dtype(dtype, op)
     (sa, za), (sb, zb), (so, zo) = (_quant(q, op, w, info)
                                     for q, w in ((a_q, "input 1"), (b_q, "input 2"),
                                                  (out_q, "output")))
+    left_shift = COMMON_SCALE_OPS[op]
     twice_max = 2 * max(sa, sb)
+    out_factor = twice_max * twice_max / ((1 << 2 * left_shift) * so) \
+        if op == "SQUARED_DIFFERENCE" else twice_max / ((1 << left_shift) * so)
     mults = [quantize_multiplier(sa / twice_max), quantize_multiplier(sb / twice_max),
-             quantize_multiplier(twice_max / ((1 << ADD_LEFT_SHIFT) * so))]
+             quantize_multiplier(out_factor)]
     for (_, e), what in zip(mults, ("input 1", "input 2", "output")):
         if e > 0:  # TFLite's QuantizeMultiplierSmallerThanOneExp refuses these
             raise ValueError(f"{op}: the {what} rescaling factor is not below 1 "
                              f"(scales {sa}, {sb} -> {so}); TFLite rejects this model")
         _check_shift(e, op, what)
     (ma, ea), (mb, eb), (mo, eo) = mults
-    return AddParams(za, zb, zo, ADD_LEFT_SHIFT, ma, ea, mb, eb, mo, eo,
-                     _act_range(act_range, info, op), dtype)
+    return AddParams(za, zb, zo, left_shift, ma, ea, mb, eb, mo, eo,
+                     _act_range(act_range, info, op), dtype, op)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -364,16 +384,18 @@ def _finish(tensors, schedule, scheduler):
 
 # ----------------------------------------------------------------------------- ADD, MUL
 def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
-             dtype: str = "int8", *, schedule: bool = True, subtract: bool = False):
+             dtype: str = "int8", *, schedule: bool = True, op: str = "ADD",
+             b_first: bool = False):
     """TFLite's 8-bit ADD (broadcasting, fused activation ``act_range``) as a PrimFunc
     ``(a, b, out)``; ``*_q`` = (float32 scale, zero point), ``act_range`` = (lo, hi) in
     output units (``tflite_layers.activation_range``), None for no activation.
-    ``subtract``: TFLite's SUB, the same Prepare and rescaling, then ``a' - b'``."""
+    ``op``: "ADD", "SUB" (``a' - b'``) or "SQUARED_DIFFERENCE" (``(a' - b')**2``), each
+    with its Prepare (``add_params``). ``b_first``: the PrimFunc takes ``(b, a, out)`` (a
+    SUB whose first operand is a constant: call_tir passes constants last)."""
     from tvm import te
 
     from tvm_armq.intrinsics.qmuls import qmuls
 
-    op = "SUB" if subtract else "ADD"
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
     a = te.placeholder(tuple(a_shape), dtype, "a")
@@ -381,17 +403,19 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
 
     def rescaled(t, shape, zp, m, e, idx):
         x = t[tuple(_broadcast_index(shape, out_shape, idx))].astype("int32") - zp
-        return qmuls(x << p.left_shift, m, Q31, e)  # (x - zp) << 20 fits: |x - zp| <= 255
+        return qmuls(x << p.left_shift, m, Q31, e)  # |x - zp| <= 255: the shift fits
 
     def element(*idx):
         a_ = rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
         b_ = rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx)
-        total = a_ - b_ if subtract else a_ + b_
+        total = a_ + b_ if op == "ADD" else a_ - b_
+        if op == "SQUARED_DIFFERENCE":
+            total = total * total
         return _clamp_cast(qmuls(total, p.out_multiplier, Q31, p.out_shift) + p.out_zp,
                            *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
-    return _finish((a, b, out), schedule, elementwise_schedule)
+    return _finish((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
 
 
 def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,

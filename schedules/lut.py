@@ -1,5 +1,5 @@
 """Quantized 8-bit unary ops (LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU, RELU, RELU6,
-RELU_N1_TO_1) as one table lookup per element.
+RELU_N1_TO_1, RSQRT) as one table lookup per element.
 
 Read this first. Every one of these TFLite operators maps one 8-bit input value to one
 8-bit output value, through arithmetic that depends only on that value and on the
@@ -35,6 +35,14 @@ RELU, RELU6, RELU_N1_TO_1 (``relu_table``; TFLite's ``ReluX``)
     the dtype, which the caller passes as ``act_range``: the same range TFLite computes
     for a fused activation (``tflite_layers.activation_range``).
     Eval: ``clamp(M(x - zp_in, m, e) + zp_out, lo, hi)``.
+RSQRT (``rsqrt_table``; int8 only, TFLite's ``RsqrtEvalQuantizedInt8``)
+    Prepare: ``1 / (sqrtf(s_in) * s_out)`` (the root and the product in float32, the
+    quotient in double) split by QuantizeMultiplier into ``m, e``.
+    Eval: ``v = x - zp_in``; ``v = 0`` gives the dtype maximum; otherwise ``1/sqrt(v)``
+    as a multiplier and shift (``inv_sqrt_multiplier``: gemmlowp fixed point, five
+    Newton steps), applied to ``1 << 20``, then ``M(., m, e - 20) + zp_out``, clamped.
+    TFLite refuses to run on an input below its zero point (a negative real value); the
+    table gives the dtype maximum there too.
 
 The kernel (``lut_func``): ``out[...] = table[x[...] - dtype_min]``, the table an int8
 operand of 256 entries indexed from the dtype's minimum. Outer axes fused and parallel,
@@ -53,7 +61,8 @@ import functools
 import numpy as np
 
 from tvm_armq.intrinsics.requant import (multiply_by_quantized_multiplier,
-                                         quantize_multiplier, rounding_divide_by_pot)
+                                         quantize_multiplier, rounding_divide_by_pot,
+                                         saturating_rounding_doubling_high_mul)
 
 DTYPES = ("int8", "uint8")
 TABLE_SIZE = 256  # one entry per 8-bit input value
@@ -62,10 +71,19 @@ TABLE_SIZE = 256  # one entry per 8-bit input value
 HARD_SWISH_HIRES_SHIFT = 7     # the input difference is scaled by 2**7 in int16
 HARD_SWISH_RELUISH_ONE = 3.0   # the real value that the "relu-ish" scale maps to 2**15
 INT16_MIN, INT16_MAX = -(1 << 15), (1 << 15) - 1
+INT32_MAX = (1 << 31) - 1
+
+# RSQRT's fixed point (TFLite's GetInvSqrtQuantizedMultiplierExp and its int8 Eval)
+RSQRT_SHIFT = 20               # kShift: 1/sqrt(v) is applied to 1 << 20 to stay integer
+INV_SQRT_START_SHIFT = 11      # the output shift before normalization
+INV_SQRT_NORMALIZED_BITS = 29  # v is normalized into [2**27, 2**29) by pairs of bits
+INV_SQRT_NEWTON_STEPS = 5
+Q3_ONE = 1 << 28                       # 1.0 with 3 integer bits
+Q3_THREE_HALVES = (1 << 28) + (1 << 27)  # 1.5 with 3 integer bits
+Q0_HALF_SQRT2 = 1518500250             # sqrt(2) / 2 in Q0.31
 
 # The TFLite op -> the float function its 8-bit reference kernel tabulates
 FLOAT_FUNCTIONS = ("LOGISTIC", "TANH")
-# RELU family: (lower, upper) bound in real units; None = open
 # RELU family: requantize and clamp to the activation's range (passed in as act_range)
 RELU_OPS = ("RELU", "RELU6", "RELU_N1_TO_1")
 
@@ -225,6 +243,68 @@ def relu_table(in_q, out_q, act_range, dtype: str = "int8") -> np.ndarray:
     return np.clip(out, *act_range).astype(dtype)
 
 
+# ----------------------------------------------------------------------------- RSQRT
+def _srdhm(a: int, b: int) -> int:
+    return int(saturating_rounding_doubling_high_mul(a, b))
+
+
+def _saturating_shl32(v: int, k: int) -> int:
+    """gemmlowp's SaturatingRoundingMultiplyByPOT<k>, k > 0, on an int32."""
+    limit = (1 << (31 - k)) - 1
+    return INT32_MAX if v > limit else -INT32_MAX - 1 if v < -limit else v << k
+
+
+def _wrap32(v: int) -> int:
+    return ((v + (1 << 31)) & 0xFFFFFFFF) - (1 << 31)
+
+
+def inv_sqrt_multiplier(v: int) -> tuple[int, int]:
+    """1/sqrt(``v``), ``v`` >= 0, as TFLite's (multiplier, left shift) pair
+    (``GetInvSqrtQuantizedMultiplierExp`` with its reverse shift of -1): ``v`` is
+    normalized into [2**27, 2**29) by pairs of bits, read as a number with 3 integer
+    bits, and 1/sqrt of half of it is found by Newton's iteration from 1, then times
+    sqrt(2)/2."""
+    if v <= 1:  # 0 and 1 both give the largest multiplier (TFLite: avoids an overflow)
+        return INT32_MAX, 0
+    shift = INV_SQRT_START_SHIFT
+    while v >= 1 << INV_SQRT_NORMALIZED_BITS:
+        v //= 4
+        shift += 1
+    leading_zeros = 32 - v.bit_length()
+    pairs = (leading_zeros - 1) // 2 - 1
+    shift -= pairs
+    v <<= 2 * pairs
+    half_input = int(rounding_divide_by_pot(v >> 1, 1))
+    x = Q3_ONE
+    for _ in range(INV_SQRT_NEWTON_STEPS):
+        # x3 = x**3 (9 integer bits back to 3); x = 1.5 x - (v / 2) x3 (6 bits back to 3)
+        x3 = _saturating_shl32(_srdhm(_srdhm(x, x), x), 6)
+        x = _saturating_shl32(_wrap32(_srdhm(Q3_THREE_HALVES, x) - _srdhm(half_input, x3)), 3)
+    x = _srdhm(x, Q0_HALF_SQRT2)
+    if shift < 0:
+        x, shift = _wrap32(x << -shift), 0
+    return x, -shift
+
+
+def rsqrt_table(in_q, out_q, dtype: str = "int8") -> np.ndarray:
+    """TFLite's int8 RSQRT (``RsqrtEvalQuantizedInt8``), for every input value."""
+    if dtype != "int8":
+        raise ValueError(f"RSQRT: TFLite has no {dtype} kernel (int8 only)")
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    m, e = quantize_multiplier(1.0 / float(_f32(np.sqrt(_f32(s_in)) * _f32(s_out))))
+    top = int(np.iinfo(dtype).max)
+    out = []
+    for x in _inputs(dtype):
+        v = int(x) - int(zp_in)
+        if v <= 0:  # 0: TFLite's "close to 0 is the maximum"; below: TFLite refuses to run
+            out.append(top)
+            continue
+        inv_m, inv_e = inv_sqrt_multiplier(v)
+        root = multiply_by_quantized_multiplier(1, inv_m, inv_e + RSQRT_SHIFT)
+        out.append(int(multiply_by_quantized_multiplier(root, m, e - RSQRT_SHIFT)) + int(zp_out))
+    return _clamp(np.array(out), dtype)
+
+
 def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
     """The 256-entry table of TFLite op ``op`` (``"LOGISTIC"``, ``"HARD_SWISH"``, ...),
     entry ``k`` for input value ``dtype_min + k``; ``options``: LEAKY_RELU's ``alpha``,
@@ -237,10 +317,18 @@ def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
         return leaky_relu_table(in_q, out_q, options["alpha"], dtype)
     if op in RELU_OPS:
         return relu_table(in_q, out_q, options["act_range"], dtype)
+    if op == "RSQRT":
+        return rsqrt_table(in_q, out_q, dtype)
     raise ValueError(f"no table for TFLite op {op}: expected one of {', '.join(OPS)}")
 
 
-OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS
+OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS + ("RSQRT",)
+INT8_ONLY = ("RSQRT",)  # TFLite has no uint8 kernel for these
+
+
+def dtypes(op: str) -> tuple[str, ...]:
+    """The 8-bit dtypes TFLite has a kernel of ``op`` for."""
+    return ("int8",) if op in INT8_ONLY else DTYPES
 
 
 # ----------------------------------------------------------------------------- the kernel

@@ -218,12 +218,18 @@ def _mbqm(x, multiplier: int, shift: int) -> np.ndarray:
 
 def broadcast_add(a, b, *, a_zp: int, b_zp: int, out_zp: int, left_shift: int,
                   a_multiplier: int, a_shift: int, b_multiplier: int, b_shift: int,
-                  out_multiplier: int, out_shift: int, act_range, out_dtype: str = "int8"):
+                  out_multiplier: int, out_shift: int, act_range, out_dtype: str = "int8",
+                  op: str = "ADD"):
     """TFLite's 8-bit ADD: each input minus its zero point, shifted left by ``left_shift``
-    and rescaled to the common scale, the sum rescaled to the output; NumPy broadcasting."""
+    and rescaled to the common scale, the sum rescaled to the output; NumPy broadcasting.
+    ``op`` "SUB" takes the difference, "SQUARED_DIFFERENCE" its square (int32 in TFLite:
+    it fits)."""
     a = (np.asarray(a, np.int64) - a_zp) << left_shift
     b = (np.asarray(b, np.int64) - b_zp) << left_shift
-    total = _mbqm(a, a_multiplier, a_shift) + _mbqm(b, b_multiplier, b_shift)
+    a, b = _mbqm(a, a_multiplier, a_shift), _mbqm(b, b_multiplier, b_shift)
+    total = a + b if op == "ADD" else a - b
+    if op == "SQUARED_DIFFERENCE":
+        total = total * total
     return _clip_to(_mbqm(total, out_multiplier, out_shift) + out_zp, *act_range, out_dtype)
 
 

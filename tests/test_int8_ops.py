@@ -58,10 +58,16 @@ def _activation_options(start, add_act, end, act):
 def _binary_model(op_name: str, a_shape, b_shape, a_q, b_q, out_q, act, dtype) -> bytes:
     import tflite
 
-    opt = {"ADD": ("AddOptions",), "MUL": ("MulOptions",)}[op_name][0]
-    options = _activation_options(getattr(tflite, f"{opt}Start"),
-                                  getattr(tflite, f"{opt}AddFusedActivationFunction"),
-                                  getattr(tflite, f"{opt}End"), act)
+    opt = {"ADD": "AddOptions", "MUL": "MulOptions", "SUB": "SubOptions",
+           "SQUARED_DIFFERENCE": "SquaredDifferenceOptions"}[op_name]
+    if op_name == "SQUARED_DIFFERENCE":  # no fused activation
+        def options(b):
+            tflite.SquaredDifferenceOptionsStart(b)
+            return tflite.SquaredDifferenceOptionsEnd(b)
+    else:
+        options = _activation_options(getattr(tflite, f"{opt}Start"),
+                                      getattr(tflite, f"{opt}AddFusedActivationFunction"),
+                                      getattr(tflite, f"{opt}End"), act)
     out_shape = np.broadcast_shapes(tuple(a_shape), tuple(b_shape))
     tensors = [dict(shape=a_shape, dtype=dtype, q=a_q), dict(shape=b_shape, dtype=dtype, q=b_q),
                dict(shape=out_shape, dtype=dtype, q=out_q)]
@@ -353,6 +359,45 @@ def test_cases_reference_matches_tflite():
 def _random_q(rng, dtype, lo=-3.0, hi=0.0):
     info = np.iinfo(dtype)
     return float(np.float32(10 ** rng.uniform(lo, hi))), int(rng.integers(info.min, info.max + 1))
+
+
+def test_sub_and_squared_difference_references_match_tflite():
+    """SUB and SQUARED_DIFFERENCE, ADD's recipe with a difference (and its square): a
+    seeded sweep of scales, zero points over the whole range and broadcast shapes, the
+    NumPy reference against TFLite's kernels (SQUARED_DIFFERENCE: int8 only, no
+    activation, an output scale that keeps TFLite's output factor below 1)."""
+    rng = np.random.default_rng(20261124)
+    shapes = [((1, 5, 6, 8), (1, 5, 6, 8)), ((1, 5, 6, 8), (1, 1, 1, 8)),
+              ((2, 3, 1, 4), (1, 1, 5, 1)), ((3, 4), (4,))]
+    checked = lively = 0
+    for trial in range(40):
+        op = ("SUB", "SQUARED_DIFFERENCE")[trial % 2]
+        dtype = "int8" if op == "SQUARED_DIFFERENCE" else ("int8", "uint8")[trial // 2 % 2]
+        a_shape, b_shape = shapes[trial % len(shapes)]
+        a, b = _data(rng, a_shape, dtype, extremes=trial % 5 == 0), _data(rng, b_shape, dtype)
+        a_q = _random_q(rng, dtype)  # b's scale within a decade of a's
+        b_q = (float(np.float32(a_q[0] * 10 ** rng.uniform(-1, 1))), _random_q(rng, dtype)[1])
+        twice = 2 * max(a_q[0], b_q[0])
+        low = int(np.iinfo(dtype).min)
+        if op == "SUB":  # an output scale about the inputs' difference, zero point mid-range
+            out_q = (float(np.float32(twice * 10 ** rng.uniform(-0.5, 0.5))),
+                     low + 128 + int(rng.integers(-48, 48)))
+            act = (ACT_NONE, ACT_RELU)[trial // 2 % 2]
+        else:  # an output scale about the square's, (255 s)**2 / 255; zero point low
+            out_q, act = (float(np.float32(twice * twice * 10 ** rng.uniform(0.5, 2.5))),
+                          low + int(rng.integers(0, 64))), ACT_NONE
+        act_range = _act(act, out_q, dtype)
+        if act_range[0] > act_range[1]:
+            continue
+        p = ops.add_params(a_q, b_q, out_q, act_range, dtype, op)
+        expected = _tflite(_binary_model(op, a_shape, b_shape, a_q, b_q, out_q, act, dtype),
+                           [a, b])
+        np.testing.assert_array_equal(ref.broadcast_add(a, b, **dataclasses.asdict(p)),
+                                      expected, err_msg=f"{op} {p}")
+        lively += len(np.unique(expected)) > 8
+        checked += 1
+    assert checked >= 30
+    assert lively >= 0.75 * checked, f"only {lively} of {checked} outputs vary"
 
 
 def test_reference_sweep_matches_tflite():

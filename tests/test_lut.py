@@ -1,5 +1,5 @@
 """8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU,
-RELU, RELU6 and RELU_N1_TO_1, bit-exact against TFLite's reference kernels.
+RELU, RELU6, RELU_N1_TO_1 and RSQRT, bit-exact against TFLite's reference kernels.
 
 Two layers of evidence:
 
@@ -7,7 +7,8 @@ Two layers of evidence:
    TFLite's ``BUILTIN_REF`` kernel outputs for every one of the 256 input values, on
    single-op models written with ``tflite_writer``, over a seeded sweep of input scales
    across four decades, output scales around them and zero points over the whole range
-   (the extremes included), for int8 and uint8.
+   (the extremes included), for int8 and uint8 (RSQRT: int8, and only the inputs at or
+   above the zero point, the ones TFLite agrees to run on).
 2. Device, at every ISA level: single-op models of each op, shapes with a remainder to
    the 16-lane vector, compiled with ``compile_tflite`` (the pass must lower the op to the
    table kernel: checked in the report, no float fallback) and run on the emulated
@@ -64,6 +65,10 @@ def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_ou
     zp_in = mid + int(rng.randint(-64, 64)) if zp_in is None else zp_in
     if (op, dtype) in FIXED_OUTPUT:
         out_q = FIXED_OUTPUT[(op, dtype)]
+    elif op == "RSQRT":  # 1 / sqrt(s_in * v) for v in [1, 255] spans about the output range
+        zp_in = int(rng.randint(info.min, 0)) if zp_in is None else zp_in
+        s_out = float(np.float32(10 ** rng.uniform(-0.3, 0.3) / (np.sqrt(s_in) * 127)))
+        out_q = (s_out, int(info.min) + int(rng.randint(0, 64)) if zp_out is None else zp_out)
     else:
         s_out = float(np.float32(s_in * 10 ** rng.uniform(-1, 1)))
         out_q = (s_out, mid + int(rng.randint(-64, 64)) if zp_out is None else zp_out)
@@ -76,7 +81,7 @@ def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_ou
 def host_cases():
     rng = np.random.RandomState(20261124)
     for op in lut.OPS:
-        for dtype in lut.DTYPES:
+        for dtype in lut.dtypes(op):
             info = np.iinfo(dtype)
             for i in range(HOST_DRAWS):
                 yield op, dtype, draw_case(op, dtype, rng), True
@@ -95,15 +100,19 @@ def test_tables_equal_tflite_on_every_input_value(op):
             continue
         model = TFLiteModel.load(unary_model(op, (1, 16, 16), in_q, out_q, dtype,
                                              options.get("alpha")))
-        expected = model.reference_outputs([every_value[dtype]])[0].ravel()
-        got = lut.table(op, in_q, out_q, dtype, **options)
+        x = every_value[dtype]
+        if op == "RSQRT":  # TFLite refuses inputs below the zero point: repeat the others
+            x = np.resize(x.ravel()[x.ravel() >= in_q[1]], x.shape)
+        expected = model.reference_outputs([x])[0].ravel()
+        got = lut.table(op, in_q, out_q, dtype, **options)[x.ravel() - np.iinfo(dtype).min]
         assert np.array_equal(got, expected), (op, dtype, in_q, out_q, options)
         if alive and len(np.unique(expected)) > 4:
             lively += 1
         checked += 1
-    assert checked == 2 * (HOST_DRAWS + 2)
+    assert checked == len(lut.dtypes(op)) * (HOST_DRAWS + 2)
     # A table of a few values (all saturated) proves little: most random draws must vary.
-    assert lively >= 0.75 * 2 * HOST_DRAWS, f"only {lively} draws have outputs that vary"
+    assert lively >= 0.75 * len(lut.dtypes(op)) * HOST_DRAWS, \
+        f"only {lively} draws have outputs that vary"
 
 
 # shapes: a remainder to 16 lanes, fewer than 16, several outer rows, rank 2
@@ -115,7 +124,7 @@ def test_unary_ops_run_bit_exact_on_the_device(devices, level, tmp_path):
     rng = np.random.RandomState(7)
     built = []
     for i, op in enumerate(lut.OPS):
-        for dtype in lut.DTYPES if op in ("HARD_SWISH", "LOGISTIC") else ("int8",):
+        for dtype in lut.dtypes(op) if op in ("HARD_SWISH", "LOGISTIC") else ("int8",):
             shape = DEVICE_SHAPES[(i + len(built)) % len(DEVICE_SHAPES)]
             in_q, out_q, options = draw_case(op, dtype, rng)
             model = TFLiteModel.load(unary_model(op, shape, in_q, out_q, dtype,
@@ -126,12 +135,14 @@ def test_unary_ops_run_bit_exact_on_the_device(devices, level, tmp_path):
             assert [r.kernel for r in report] == [f"lut_{'s8' if dtype == 'int8' else 'u8'}"
                                                   "_tflite"], [r.line() for r in report]
             assert not any(isinstance(r, integrate.Fallback) for r in report)
-            built.append((op, dtype, model, lib))
+            built.append((op, dtype, model, lib, in_q))
     session = devices.session(level)
-    for op, dtype, model, lib in built:
+    for op, dtype, model, lib, in_q in built:
         run = build.DeviceModel(session, lib)
         for seed in (0, 1):
             x = model.random_inputs(seed=seed)
+            if op == "RSQRT":  # TFLite refuses inputs below the zero point
+                x = [np.maximum(v, in_q[1]).astype(v.dtype) for v in x]
             got, expected = run(x)[0], model.reference_outputs(x)[0]
             assert got.dtype == expected.dtype and got.shape == expected.shape
             np.testing.assert_array_equal(got, expected, err_msg=f"{op} {dtype} at {level}")

@@ -6,7 +6,10 @@ The cases are data (``CASES``: name, op, tensors, inputs, outputs, options): dat
 movement the frontend imports exactly (STRIDED_SLICE, SLICE, TRANSPOSE, SQUEEZE,
 EXPAND_DIMS, GATHER, SPLIT, PACK, PAD), MAXIMUM / MINIMUM (broadcast and constant
 forms), ADD / MUL / SUB with a constant per-channel operand (a batch-norm the converter
-folded), SUB of two tensors (and broadcast), and MAX_POOL_2D with SAME and VALID padding whose windows cross every border.
+folded; SUB's constant first as well), SUB of two tensors (and broadcast),
+SQUARED_DIFFERENCE (two tensors, broadcast, a constant either side), SPACE_TO_DEPTH and
+DEPTH_TO_SPACE (data movement the frontend imports exactly), and MAX_POOL_2D with SAME
+and VALID padding whose windows cross every border.
 """
 
 from __future__ import annotations
@@ -121,6 +124,31 @@ def _sub_options(tfl, b):
     return tfl.SubOptionsEnd(b)
 
 
+def _squared_difference_options(tfl, b):
+    tfl.SquaredDifferenceOptionsStart(b)
+    return tfl.SquaredDifferenceOptionsEnd(b)
+
+
+def _block_options(kind, size):
+    def build_options(tfl, b):
+        getattr(tfl, f"{kind}OptionsStart")(b)
+        getattr(tfl, f"{kind}OptionsAddBlockSize")(b, size)
+        return getattr(tfl, f"{kind}OptionsEnd")(b)
+    return (f"{kind}Options", build_options)
+
+
+Q_SQUARE = (0.4, -120)  # the squares of differences of Q_IN and Q_B values: 0 to ~160
+
+
+def _squared_difference(name, a_shape, b_shape, b_const=False, const_first=False):
+    """SQUARED_DIFFERENCE (no activation), its output scale fitted to the squares."""
+    b = _t(b_shape, Q_B, _const_int8(b_shape, len(name)) if b_const else None)
+    out = _t(np.broadcast_shapes(a_shape, b_shape), Q_SQUARE)
+    tensors = (b, _t(a_shape), out) if const_first else (_t(a_shape), b, out)
+    return Case(name, "SQUARED_DIFFERENCE", tensors, (0, 1), (2,),
+                ("SquaredDifferenceOptions", _squared_difference_options))
+
+
 def _pool(name, in_hw, pool, stride, same):
     out = [(n + stride - 1) // stride if same else (n - pool) // stride + 1 for n in in_hw]
     return Case(name, "MAX_POOL_2D", (_t((1, *in_hw, 19)), _t((1, *out, 19))), (0,), (1,),
@@ -161,6 +189,18 @@ CASES = [
             ("SubOptions", _sub_options)),
     _binary("sub_per_channel_const", "SUB", (1, 6, 5, 21), (21,), (1, 6, 5, 21), True,
             ("SubOptions", _sub_options)),
+    Case("sub_const_first", "SUB", (_t((21,), Q_B, _const_int8((21,), 5)), _t((1, 6, 5, 21)),
+                                    _t((1, 6, 5, 21), Q_OUT)), (0, 1), (2,),
+         ("SubOptions", _sub_options)),
+    _squared_difference("squared_difference", (1, 6, 5, 21), (1, 6, 5, 21)),
+    _squared_difference("squared_difference_broadcast", (2, 3, 33), (1, 3, 1)),
+    _squared_difference("squared_difference_const", (1, 6, 5, 21), (21,), b_const=True),
+    _squared_difference("squared_difference_const_first", (1, 4, 4, 19), (19,), b_const=True,
+                        const_first=True),
+    Case("space_to_depth", "SPACE_TO_DEPTH", (_t((2, 6, 4, 7)), _t((2, 3, 2, 28))), (0,), (1,),
+         _block_options("SpaceToDepth", 2)),
+    Case("depth_to_space", "DEPTH_TO_SPACE", (_t((1, 3, 2, 36)), _t((1, 9, 6, 4))), (0,), (1,),
+         _block_options("DepthToSpace", 3)),
     _pool("max_pool_same_3x3_s2", (9, 10), 3, 2, True),
     _pool("max_pool_same_2x2_s2_odd", (7, 7), 2, 2, True),
     _pool("max_pool_same_3x3_s1", (5, 6), 3, 1, True),

@@ -9,8 +9,10 @@ them copy bytes too, whatever the scales, so the frontend's conversion (the same
 
     PAD, PADV2          the int8 tensor padded with its zero point
     SHAPE               the shape of a tensor (int32, no arithmetic on the data)
-    STRIDED_SLICE, SLICE, SPLIT, SPLIT_V, SQUEEZE, EXPAND_DIMS, TRANSPOSE, PACK, GATHER
-                        bytes moved or selected; nothing rounds
+    STRIDED_SLICE, SLICE, SPLIT, SPLIT_V, SQUEEZE, EXPAND_DIMS, TRANSPOSE, PACK, GATHER,
+    SPACE_TO_DEPTH, DEPTH_TO_SPACE
+                        bytes moved or selected; nothing rounds (the last two: a
+                        reshape, a transpose of the block axes, a reshape)
 
 Converters emit SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE around Keras ``Reshape`` layers
 (squeeze-excite blocks): the RESHAPE's target shape is then a tensor computed in the
@@ -21,6 +23,22 @@ the shape arithmetic before it is left unused (dead code, removed by the pass).
 
 TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims`` a third
 argument); ``_convert_expand_dims`` replaces it.
+
+Two quantized converters are replaced so that the float chain means what TFLite computes
+(the pass then makes it integer, ``integrate.py``):
+
+    TRANSPOSE_CONV      TVM's drops the fused activation and sizes the output by Relax's
+                        formula, not by the op's output_shape tensor (a 1x1 stride-2 SAME
+                        layer comes out a row short), and TVM cannot build its NHWC
+                        conv2d_transpose at all. ``_convert_transpose_conv`` emits
+                        dequantize -> conv2d_transpose (NCHW, between two permute_dims)
+                        -> (+ bias) -> quantize, padded as
+                        TFLite pads (``transpose_conv_padding``), the rows TFLite adds at
+                        the end as ``output_padding``, and the activation as a clip after
+                        the quantize, as TVM's CONV_2D does. Float models keep TVM's.
+    PRELU               not in TVM's list of quantized ops; ``_convert_prelu`` imports a
+                        quantized one as quantize(where(d >= 0, d, d * dequantize(alpha)))
+                        with d = dequantize(x) and alpha broadcast as TFLite broadcasts it.
 
 Each TFLite operator's result is bound to a Relax variable named ``op<index>_<code>``
 (``op12_hard_swish``, see ``operator_name`` / ``operator_of``): the pass reads which
@@ -37,8 +55,10 @@ import numpy as np
 # Quantized ops whose frontend conversion moves int8 bytes only (see the docstring).
 EXACT_DATA_MOVEMENT_OPS = frozenset({
     "PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V", "SQUEEZE",
-    "EXPAND_DIMS", "TRANSPOSE", "PACK", "GATHER",
+    "EXPAND_DIMS", "TRANSPOSE", "PACK", "GATHER", "SPACE_TO_DEPTH", "DEPTH_TO_SPACE",
 })
+
+NHWC_TO_NCHW, NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)  # permute_dims axes
 
 _NAME = re.compile(r"^op(\d+)_([a-z0-9_]+)$")
 _MARK = "_tvm_armq_extended"
@@ -92,6 +112,104 @@ def _convert_expand_dims(self, op):
     return relax.op.expand_dims(self.get_tensor_expr(x_tensor), axis)
 
 
+def transpose_conv_padding(out_size: int, kernel: int, stride: int, same: bool) -> int:
+    """The padding before the first output row (column) of a TFLite TRANSPOSE_CONV: its
+    Eval pads as a convolution from the output (``out_size``) back to the input would,
+    and the scatter then starts that many rows before the output's first."""
+    if same:
+        steps = (out_size + stride - 1) // stride
+    else:
+        steps = (out_size + stride - kernel) // stride
+    return max(0, (steps - 1) * stride + kernel - out_size) // 2
+
+
+def _convert_transpose_conv(original):
+    """TRANSPOSE_CONV of a quantized input as the docstring says; TVM's for a float one."""
+
+    def convert_transpose_conv(self, op):
+        import tvm
+        from tflite.Padding import Padding
+        from tflite.TransposeConvOptions import TransposeConvOptions
+        from tvm import relax
+        from tvm.relax.frontend.tflite import tflite_frontend
+
+        inputs = self.get_input_tensors(op)
+        shape_t, w_t, x_t = inputs[:3]  # TFLite's order: output shape, weights, input
+        if not x_t.qnn_params:
+            return original(self, op)
+        out_t = self.get_output_tensors(op)[0]
+        options = TransposeConvOptions()
+        table = op.BuiltinOptions()
+        options.Init(table.Bytes, table.Pos)
+        if self.has_expr(shape_t.tensor_idx):  # computed in the graph, not a constant
+            raise tvm.error.OpAttributeInvalid(
+                "TRANSPOSE_CONV: the output shape must be a constant")
+        out_shape = [int(d) for d in self.get_tensor_value(shape_t)]
+        w_ohwi = self.get_tensor_value(w_t)
+        _, kh, kw, _ = w_ohwi.shape
+        _, in_h, in_w, _ = (int(d) for d in x_t.tensor.ShapeAsNumpy())
+        strides = (options.StrideH(), options.StrideW())
+        same = options.Padding() == Padding.SAME
+        pads, extra = [], []
+        for size, k, s, n_in in zip(out_shape[1:3], (kh, kw), strides, (in_h, in_w)):
+            before = transpose_conv_padding(size, k, s, same)
+            scattered = (n_in - 1) * s + k - before  # rows the scatter reaches past it
+            after = max(0, scattered - size)          # cropped at the end
+            pads.append((before, after))
+            extra.append(size - (scattered - after))  # rows TFLite adds: bias only
+        if any(not 0 <= e < s for e, s in zip(extra, strides)):
+            raise tvm.error.OpAttributeInvalid(
+                f"TRANSPOSE_CONV: output shape {out_shape} is more than a stride past "
+                f"what a {kh}x{kw} stride {strides} kernel reaches from the input")
+        # Relax's weight layout for conv2d_transpose is IOHW: out channels on axis 1
+        w_iohw = self.exp_tab.new_const(np.ascontiguousarray(w_ohwi.transpose(3, 0, 1, 2)),
+                                        dtype=self.get_tensor_type_str(w_t.tensor.Type()))
+        w_f = relax.op.dequantize(w_iohw, w_t.qnn_params["scale"],
+                                  w_t.qnn_params["zero_point"], axis=1)
+        # NCHW between two transposes: TVM legalizes conv2d_transpose for NCHW only, and the
+        # float chain must still build where the pass leaves it float
+        x_nchw = relax.op.permute_dims(self.dequantize(self.get_tensor_expr(x_t), x_t),
+                                       NHWC_TO_NCHW)
+        y = relax.op.permute_dims(relax.op.nn.conv2d_transpose(
+            x_nchw, w_f, strides=strides,
+            padding=(pads[0][0], pads[1][0], pads[0][1], pads[1][1]), output_padding=extra,
+            data_layout="NCHW", kernel_layout="IOHW", out_dtype="float32"), NCHW_TO_NHWC)
+        if len(inputs) > 3 and inputs[3].tensor_idx >= 0:  # the optional int32 bias
+            b_t = inputs[3]
+            bias = self.exp_tab.new_const(self.get_tensor_value(b_t), dtype="int32")
+            scale = b_t.qnn_params["scale"] if b_t.qnn_params else relax.op.multiply(
+                x_t.qnn_params["scale"], w_t.qnn_params["scale"])
+            y = relax.op.add(y, relax.op.dequantize(bias, scale, relax.const(0, "int32"),
+                                                    axis=0))
+        q = out_t.qnn_params
+        return self.convert_qnn_fused_activation_function(
+            self.quantize(y, out_t), options.FusedActivationFunction(),
+            tflite_frontend.get_scalar_from_constant(q["scale"]),
+            tflite_frontend.get_scalar_from_constant(q["zero_point"]),
+            self.get_tensor_type_str(out_t.tensor.Type()))
+
+    return convert_transpose_conv
+
+
+def _convert_prelu(original):
+    """PRELU of a quantized input as the docstring says; TVM's for a float one."""
+
+    def convert_prelu(self, op):
+        from tvm import relax
+
+        x_t, alpha_t = self.get_input_tensors(op)
+        if not x_t.qnn_params:
+            return original(self, op)
+        out_t = self.get_output_tensors(op)[0]
+        d = self.bb.normalize(self.dequantize(self.get_tensor_expr(x_t), x_t))
+        alpha = self.dequantize(self.get_tensor_expr(alpha_t), alpha_t)
+        negative = relax.op.multiply(d, alpha)
+        y = relax.op.where(relax.op.greater_equal(d, relax.const(0.0, "float32")), d, negative)
+        return self.quantize(y, out_t)
+
+    return convert_prelu
+
+
 def _bind_named(converter, code: str, convert, positions: dict):
     """``convert`` with its result (a call) emitted as the variable ``op<index>_<code>``."""
 
@@ -128,5 +246,8 @@ def extend() -> None:
     conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | EXACT_DATA_MOVEMENT_OPS
     conv.convert_reshape = _fold_computed_reshape(conv.convert_reshape)
     conv.convert_expand_dims = _convert_expand_dims
+    conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | {"PRELU"}
+    conv.convert_transpose_conv = _convert_transpose_conv(conv.convert_transpose_conv)
+    conv.convert_prelu = _convert_prelu(conv.convert_prelu)
     conv.__init__ = _naming_init(conv.__init__)
     setattr(conv, _MARK, True)

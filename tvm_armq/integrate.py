@@ -504,16 +504,35 @@ def _quantized_operand(graph: _Graph, expr, what: str):
 
 
 def _binary_operands(graph: _Graph, core, op: str, symmetric: bool):
-    """((a, a_q), (b, b_q)) of a two-input op, a constant operand (if any) second: swapped
-    there when the op is ``symmetric`` in its inputs; a constant first operand of an
-    asymmetric op (SUB) has no kernel form."""
+    """((a, a_q), (b, b_q), swapped) of a two-input op, a constant operand (if any)
+    second: for an op ``symmetric`` in its inputs the swap changes nothing; for SUB and
+    SQUARED_DIFFERENCE ``swapped`` says the kernel must take its operands in the other
+    order (``int8_ops.add_func``'s ``b_first``)."""
     (a, a_q), (b, b_q) = (_quantized_operand(graph, e, f"{op} input {i}")
                           for i, e in enumerate(core.args))
-    if isinstance(a, np.ndarray) and symmetric:
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
+        raise NotInteger(f"{op} of two constants")
+    swapped = isinstance(a, np.ndarray)
+    if swapped:
         (a, a_q), (b, b_q) = (b, b_q), (a, a_q)
-    if isinstance(a, np.ndarray):
-        raise NotInteger(f"{op} whose first operand is a constant")
-    return (a, a_q), (b, b_q)
+    return (a, a_q), (b, b_q), swapped and not symmetric
+
+
+def _squared_difference(graph: _Graph, core):
+    """The ``subtract`` call of the frontend's SQUARED_DIFFERENCE (``d * d`` with
+    ``d = dequantize(a) - dequantize(b)``), or None."""
+    if core.op.name != "relax.multiply" or not core.args[0].same_as(core.args[1]):
+        return None
+    return graph.call(core.args[0], "relax.subtract")
+
+
+# the op names of int8_ops.add_func for the pass's two-input ops of ADD's recipe
+_COMMON_SCALE_OPS = {"add": "ADD", "subtract": "SUB", "squared_difference": "SQUARED_DIFFERENCE"}
+
+
+def _operand_shape(x) -> tuple[int, ...]:
+    """The shape of a graph operand or of a constant operand."""
+    return tuple(x.shape) if isinstance(x, np.ndarray) else _shape(x)
 
 
 def _binary_call(func, op: str, a, b, out_shape, record) -> "_KernelCall":
@@ -564,21 +583,29 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     def record(kernel, inputs):
         return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
 
-    if op in ("add", "subtract", "multiply"):
-        (a, a_q), (b, b_q) = _binary_operands(graph, core, op, symmetric=op != "subtract")
-        b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
-        if op == "multiply":
-            func = ops.mul_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range)
-        else:
-            func = ops.add_func(_shape(a), b_shape, out_shape, a_q, b_q, out_q, act_range,
-                                subtract=op == "subtract")
+    square = _squared_difference(graph, core)
+    if square is not None:  # SQUARED_DIFFERENCE: the frontend's d * d of d = a - b
+        core, op = square, "squared_difference"
+    if op in ("add", "subtract", "multiply", "squared_difference"):
+        # a: a tensor; b: a tensor or a constant (passed last); swapped: b is the op's first
+        (a, a_q), (b, b_q), swapped = _binary_operands(graph, core, op,
+                                                       symmetric=op in ("add", "multiply"))
+        try:
+            if op == "multiply":
+                func = ops.mul_func(_shape(a), _operand_shape(b), out_shape, a_q, b_q, out_q,
+                                    act_range)
+            else:
+                (x, x_q), (y, y_q) = ((b, b_q), (a, a_q)) if swapped else ((a, a_q), (b, b_q))
+                func = ops.add_func(_operand_shape(x), _operand_shape(y), out_shape, x_q, y_q,
+                                    out_q, act_range, op=_COMMON_SCALE_OPS[op], b_first=swapped)
+        except ValueError as e:  # TFLite's Prepare refuses these scales too
+            raise NotInteger(f"{op}: {e}") from None
         return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
     if op in ("maximum", "minimum"):  # raw 8-bit comparisons (TFLite rescales nothing)
-        (a, _), (b, _) = _binary_operands(graph, core, op, symmetric=True)
-        b_shape = b.shape if isinstance(b, np.ndarray) else _shape(b)
-        func = ops.min_max_func(op, _shape(a), b_shape, out_shape)
+        (a, _), (b, _), _ = _binary_operands(graph, core, op, symmetric=True)
+        func = ops.min_max_func(op, _shape(a), _operand_shape(b), out_shape)
         return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8", [a]))
     if op == "mean":
         x, x_q = _quantized_var(graph, core.args[0], "the mean input")
@@ -621,10 +648,11 @@ def _unary_of(graph: _Graph, y):
     of an 8-bit unary op that ``schedules.lut`` tabulates, else None::
 
         sigmoid(d) LOGISTIC   tanh(d) TANH   leakyrelu(d) LEAKY_RELU   relu(d) RELU
+        rsqrt(d) RSQRT
         clip(d, 0, 6) RELU6   clip(d, -1, 1) RELU_N1_TO_1
         divide(multiply(d, clip(add(d, 3), 0, 6)), 6) HARD_SWISH
     """
-    simple = {"relax.sigmoid": "LOGISTIC", "relax.tanh": "TANH",
+    simple = {"relax.sigmoid": "LOGISTIC", "relax.tanh": "TANH", "relax.rsqrt": "RSQRT",
               "relax.nn.leakyrelu": "LEAKY_RELU", "relax.nn.relu": "RELU"}
     call = graph.call(y, *simple, "relax.clip", "relax.divide")
     if call is None:

@@ -21,8 +21,8 @@ def _vector(builder, start, values, prepend):
 def single_op_model(op: int, tensors, inputs, outputs, options=None, version: int = 2) -> bytes:
     """A .tflite flatbuffer with one operator ``op`` (a ``tflite.BuiltinOperator``).
 
-    ``tensors``: dicts with ``shape``, ``dtype`` and optionally ``q`` = (scale, zero point)
-    and ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
+    ``tensors``: dicts with ``shape``, ``dtype`` and optionally ``q`` = (scale, zero point),
+    or (scales, zero points, axis) for per-channel quantization along ``axis``, and ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
     ``options``: (``tflite.BuiltinOptions`` type, function(builder) -> offset) or None.
     Non-constant inputs become the model's inputs, in order."""
     import flatbuffers
@@ -49,13 +49,17 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
         shape = _vector(b, tflite.TensorStartShapeVector, list(t["shape"]), b.PrependInt32)
         quant = None
         if t.get("q") is not None:
+            # (scale, zero point), or (scales, zero points, axis): one per channel of axis
+            scales, zps = np.atleast_1d(t["q"][0]), np.atleast_1d(t["q"][1])
             scale = _vector(b, tflite.QuantizationParametersStartScaleVector,
-                            [float(t["q"][0])], b.PrependFloat32)
+                            [float(v) for v in scales], b.PrependFloat32)
             zp = _vector(b, tflite.QuantizationParametersStartZeroPointVector,
-                         [int(t["q"][1])], b.PrependInt64)
+                         [int(v) for v in zps], b.PrependInt64)
             tflite.QuantizationParametersStart(b)
             tflite.QuantizationParametersAddScale(b, scale)
             tflite.QuantizationParametersAddZeroPoint(b, zp)
+            if len(t["q"]) > 2:
+                tflite.QuantizationParametersAddQuantizedDimension(b, int(t["q"][2]))
             quant = tflite.QuantizationParametersEnd(b)
         tflite.TensorStart(b)
         tflite.TensorAddShape(b, shape)
