@@ -1,4 +1,4 @@
-"""Quantized int8/uint8 ADD, MUL, MAXIMUM, MINIMUM, MEAN, AVERAGE_POOL_2D, requantize,
+"""Quantized int8/uint8 ADD, MUL, PRELU, MAXIMUM, MINIMUM, MEAN, AVERAGE_POOL_2D, requantize,
 SOFTMAX and the CONCATENATION copy as TIR.
 
 Read this first. Each function here builds one TFLite operator as a scheduled TIR PrimFunc
@@ -34,6 +34,11 @@ MUL (``mul_func``)
     scales before the result becomes a double), then ``QuantizeMultiplier``.
     Eval: ``out = clamp(M((a - zp_a) * (b - zp_b), m, e) + zp_out, act_lo, act_hi)``.
     Both ADD and MUL broadcast as NumPy does (TFLite's ``BroadcastAdd/Mul*DSlow``).
+PRELU (``prelu_func``)
+    Prepare: ``s_in / s_out`` and ``s_in * s_alpha / s_out``, each in float32 arithmetic,
+    then ``QuantizeMultiplier``. Eval: ``v = x - zp_in``;
+    ``out = clamp((v >= 0 ? M(v, m_1, e_1) : M(v * (alpha - zp_alpha), m_2, e_2)) + zp_out)``
+    to the dtype (PRELU has no fused activation); ``alpha`` broadcasts.
 MAXIMUM, MINIMUM (``min_max_func``)
     ``out = max(a, b)`` / ``min(a, b)`` of the raw 8-bit values, broadcasting: TFLite's
     kernel rescales nothing.
@@ -229,6 +234,34 @@ def mul_params(a_q, b_q, out_q, act_range=None, dtype: str = "int8") -> MulParam
     m, e = quantize_multiplier(real)
     return MulParams(za, zb, zo, m, _check_shift(e, "MUL", "output"),
                      _act_range(act_range, info, "MUL"), dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class PreluParams:
+    """TFLite's PRELU parameters (fields = keyword arguments of ``reference.prelu``)."""
+
+    in_zp: int
+    alpha_zp: int
+    out_zp: int
+    identity_multiplier: int  # x >= zp: s_in / s_out
+    identity_shift: int
+    alpha_multiplier: int     # x < zp: s_in * s_alpha / s_out
+    alpha_shift: int
+    out_dtype: str = "int8"
+
+
+def prelu_params(in_q, alpha_q, out_q, dtype: str = "int8") -> PreluParams:
+    """TFLite's PRELU Prepare: both factors in float32 arithmetic (TFLite divides and
+    multiplies the float scales, then widens the result to double), then split."""
+    info = _dtype(dtype, "PRELU")
+    (si, zi), (sa, za), (so, zo) = (_quant(q, "PRELU", w, info)
+                                    for q, w in ((in_q, "input"), (alpha_q, "alpha"),
+                                                 (out_q, "output")))
+    f = np.float32
+    m1, e1 = quantize_multiplier(float(f(si) / f(so)))
+    m2, e2 = quantize_multiplier(float(f(f(si) * f(sa)) / f(so)))
+    return PreluParams(zi, za, zo, m1, _check_shift(e1, "PRELU", "identity"),
+                       m2, _check_shift(e2, "PRELU", "alpha"), dtype)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -439,6 +472,32 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
 
     out = te.compute(tuple(out_shape), element, name="mul")
     return _finish((a, b, out), schedule, elementwise_schedule)
+
+
+def prelu_func(x_shape, alpha_shape, x_q, alpha_q, out_q, dtype: str = "int8", *,
+               schedule: bool = True):
+    """TFLite's 8-bit PRELU as a PrimFunc ``(x, alpha, out)``: ``alpha`` (8-bit, its own
+    quantization) broadcasts against ``x`` (per channel in Keras' PReLU); the output has
+    ``x``'s shape. Each element takes one of two rescalings by the sign of ``x - zp``."""
+    from tvm import te, tirx
+
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    _check_broadcast("PRELU", x_shape, alpha_shape, x_shape)
+    p = prelu_params(x_q, alpha_q, out_q, dtype)
+    x = te.placeholder(tuple(x_shape), dtype, "x")
+    alpha = te.placeholder(tuple(alpha_shape), dtype, "alpha")
+    info = np.iinfo(dtype)
+
+    def element(*idx):
+        v = x[idx].astype("int32") - p.in_zp
+        a = alpha[tuple(_broadcast_index(alpha_shape, x_shape, idx))].astype("int32") - p.alpha_zp
+        r = tirx.Select(v >= 0, qmuls(v, p.identity_multiplier, Q31, p.identity_shift),
+                        qmuls(v * a, p.alpha_multiplier, Q31, p.alpha_shift))  # |v*a| <= 255**2
+        return _clamp_cast(r + p.out_zp, int(info.min), int(info.max), dtype)
+
+    out = te.compute(tuple(x_shape), element, name="prelu")
+    return _finish((x, alpha, out), schedule, elementwise_schedule)
 
 
 def min_max_func(op: str, a_shape, b_shape, out_shape, dtype: str = "int8", *,

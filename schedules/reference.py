@@ -54,6 +54,28 @@ def conv2d_nhwc(data, weight_hwio, bias, *, in_zp: int, strides=(1, 1), dilation
     return acc.astype(np.int32)
 
 
+def transpose_conv_nhwc(data, weight_ohwi, bias, out_hw, *, in_zp: int, strides, pad_top: int,
+                        pad_left: int):
+    """int32 accumulators of TFLite's quantized TRANSPOSE_CONV, its own way: every input
+    pixel scatters (x - zp) * w into the output pixels its taps land on (TFLite's weights
+    are [out_c, kh, kw, in_c], symmetric), then the bias is added."""
+    n, h, w, _ = data.shape
+    oc, kh, kw, _ = weight_ohwi.shape
+    out_h, out_w = out_hw
+    acc = np.zeros((n, out_h + kh + strides[0] * h, out_w + kw + strides[1] * w, oc), np.int64)
+    x = data.astype(np.int64) - in_zp
+    wt = weight_ohwi.astype(np.int64)
+    for ky in range(kh):
+        for kx in range(kw):
+            contrib = x @ wt[:, ky, kx, :].T  # [n, h, w, oc]
+            rows = ky + strides[0] * np.arange(h)  # output row + pad_top
+            cols = kx + strides[1] * np.arange(w)
+            acc[:, rows[:, None], cols[None, :], :] += contrib
+    acc = acc[:, pad_top:pad_top + out_h, pad_left:pad_left + out_w] + np.asarray(bias, np.int64)
+    assert np.abs(acc).max(initial=0) < 2 ** 31, "int32 accumulator overflow in the reference"
+    return acc.astype(np.int32)
+
+
 def dense(data, weight_kn, bias, *, in_zp: int):
     """int32 accumulators of a quantized fully connected layer (weights [K, N], symmetric)."""
     acc = (data.astype(np.int64) - in_zp) @ weight_kn.astype(np.int64)
@@ -199,7 +221,7 @@ def clamp_f32(y, act_range):
 
 
 # ------------------------------------------------- int8 element-wise, pooling, mean, softmax
-# TFLite's reference kernels for 8-bit ADD, MUL, MEAN, AVERAGE_POOL_2D, QUANTIZE (8-bit input)
+# TFLite's reference kernels for 8-bit ADD, MUL, PRELU, MEAN, AVERAGE_POOL_2D, QUANTIZE (8-bit input)
 # and SOFTMAX, written plainly over int64 NumPy arrays. The integer parameters (multipliers,
 # shifts) are TFLite's Prepare results: ``schedules.int8_ops.*_params`` computes them, and
 # its dataclasses' fields are these functions' keyword arguments.
@@ -238,6 +260,18 @@ def broadcast_mul(a, b, *, a_zp: int, b_zp: int, out_zp: int, multiplier: int, s
     """TFLite's 8-bit MUL: (a - zp_a) * (b - zp_b) rescaled to the output; broadcasting."""
     product = (np.asarray(a, np.int64) - a_zp) * (np.asarray(b, np.int64) - b_zp)
     return _clip_to(_mbqm(product, multiplier, shift) + out_zp, *act_range, out_dtype)
+
+
+def prelu(x, alpha, *, in_zp: int, alpha_zp: int, out_zp: int, identity_multiplier: int,
+          identity_shift: int, alpha_multiplier: int, alpha_shift: int,
+          out_dtype: str = "int8"):
+    """TFLite's 8-bit PRELU: x - zp rescaled to the output where it is >= 0, else its
+    product with alpha - zp_alpha rescaled by the other factor; alpha broadcasts."""
+    v = np.asarray(x, np.int64) - in_zp
+    a = np.broadcast_to(np.asarray(alpha, np.int64) - alpha_zp, v.shape)
+    r = np.where(v >= 0, _mbqm(v, identity_multiplier, identity_shift),
+                 _mbqm(v * a, alpha_multiplier, alpha_shift))
+    return _clip_to(r + out_zp, *_full_range(out_dtype), out_dtype)
 
 
 def mean(x, axes, keepdims: bool, *, in_zp: int, out_zp: int, multiplier: int, shift: int,

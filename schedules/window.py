@@ -20,6 +20,17 @@ def same_padding(in_hw, kernel_hw, strides=(1, 1), dilation=(1, 1)) -> tuple[int
     return int(pt), int(pl), int(pb), int(pr)
 
 
+def transpose_conv_padding(out_size: int, kernel: int, stride: int, same: bool) -> int:
+    """The padding before the first output row (column) of a TFLite TRANSPOSE_CONV: its
+    Eval pads as a convolution from the output (``out_size``) back to the input would,
+    and the scatter then starts that many rows before the output's first."""
+    if same:
+        steps = (out_size + stride - 1) // stride
+    else:
+        steps = (out_size + stride - kernel) // stride
+    return max(0, (steps - 1) * stride + kernel - out_size) // 2
+
+
 class Window2D:
     """Output size of an NHWC window op, for dataclasses with the fields ``in_h``, ``in_w``,
     ``kh``, ``kw``, ``strides``, ``dilation`` and ``padding`` (top, left, bottom, right)."""

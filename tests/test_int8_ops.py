@@ -400,6 +400,39 @@ def test_sub_and_squared_difference_references_match_tflite():
     assert lively >= 0.75 * checked, f"only {lively} of {checked} outputs vary"
 
 
+def _prelu_model(x_shape, alpha, x_q, alpha_q, out_q, dtype) -> bytes:
+    import tflite
+
+    tensors = [dict(shape=x_shape, dtype=dtype, q=x_q),
+               dict(shape=alpha.shape, dtype=dtype, q=alpha_q, data=alpha),
+               dict(shape=x_shape, dtype=dtype, q=out_q)]
+    return single_op_model(tflite.BuiltinOperator.PRELU, tensors, [0, 1], [2], version=1)
+
+
+def test_prelu_reference_matches_tflite():
+    """PRELU with a constant alpha (per channel, as Keras' PReLU; or shared over H and W),
+    a seeded sweep of scales and zero points over the whole range: the NumPy reference
+    against TFLite's kernel."""
+    rng = np.random.default_rng(20261125)
+    shapes = [((1, 5, 6, 8), (8,)), ((1, 5, 6, 8), (1, 1, 8)), ((2, 3, 4, 5), (3, 1, 5))]
+    checked = lively = 0
+    for trial in range(30):
+        dtype = ("int8", "uint8")[trial % 2]
+        x_shape, alpha_shape = shapes[trial % len(shapes)]
+        x, alpha = _data(rng, x_shape, dtype, extremes=trial % 5 == 0), \
+            _data(rng, alpha_shape, dtype)
+        x_q, alpha_q = _random_q(rng, dtype), _random_q(rng, dtype, -3.0, -1.0)
+        out_q = (float(np.float32(x_q[0] * 10 ** rng.uniform(-0.7, 0.7))),
+                 _random_q(rng, dtype)[1])
+        p = ops.prelu_params(x_q, alpha_q, out_q, dtype)
+        expected = _tflite(_prelu_model(x_shape, alpha, x_q, alpha_q, out_q, dtype), [x])
+        np.testing.assert_array_equal(ref.prelu(x, alpha, **dataclasses.asdict(p)),
+                                      expected, err_msg=f"PRELU {p}")
+        lively += len(np.unique(expected)) > 8
+        checked += 1
+    assert lively >= 0.75 * checked, f"only {lively} of {checked} outputs vary"
+
+
 def test_reference_sweep_matches_tflite():
     """A seeded random sweep, broader than the device cases: random scales (1/1000 to 1,
     so rescaling factors below and above 1: right and left shifts), zero points, shapes,

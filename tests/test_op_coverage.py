@@ -8,7 +8,9 @@ EXPAND_DIMS, GATHER, SPLIT, PACK, PAD), MAXIMUM / MINIMUM (broadcast and constan
 forms), ADD / MUL / SUB with a constant per-channel operand (a batch-norm the converter
 folded; SUB's constant first as well), SUB of two tensors (and broadcast),
 SQUARED_DIFFERENCE (two tensors, broadcast, a constant either side), SPACE_TO_DEPTH and
-DEPTH_TO_SPACE (data movement the frontend imports exactly), and MAX_POOL_2D with SAME
+DEPTH_TO_SPACE (data movement the frontend imports exactly), PRELU (alpha per channel,
+and one alpha for all), TRANSPOSE_CONV (per-channel weights, bias, SAME and VALID, the
+output sizes TFLite accepts past the usual one, a fused ReLU), and MAX_POOL_2D with SAME
 and VALID padding whose windows cross every border.
 """
 
@@ -149,6 +151,48 @@ def _squared_difference(name, a_shape, b_shape, b_const=False, const_first=False
                 ("SquaredDifferenceOptions", _squared_difference_options))
 
 
+def _transpose_conv_options(stride, same, act):
+    def build_options(tfl, b):
+        tfl.TransposeConvOptionsStart(b)
+        tfl.TransposeConvOptionsAddPadding(b, tfl.Padding.SAME if same else tfl.Padding.VALID)
+        tfl.TransposeConvOptionsAddStrideH(b, stride)
+        tfl.TransposeConvOptionsAddStrideW(b, stride)
+        tfl.TransposeConvOptionsAddFusedActivationFunction(b, act)
+        return tfl.TransposeConvOptionsEnd(b)
+    return ("TransposeConvOptions", build_options)
+
+
+def _transpose_conv(name, in_shape, out_c, k, stride, same, extra=0, act=0):
+    """TRANSPOSE_CONV with per-channel int8 weights and an int32 bias; ``extra`` output
+    rows and columns past the usual size (-1 for SAME, up to stride - 1 for VALID: what
+    TFLite accepts). The output scale is fitted to TFLite's accumulators on a random
+    input, so that the outputs spread over the 8-bit range."""
+    from tvm_armq.schedules import reference as ref
+    from tvm_armq.schedules.window import transpose_conv_padding
+
+    n, h, w, c = in_shape
+    rng = np.random.RandomState(len(name))
+    weights = rng.randint(-127, 128, (out_c, k, k, c)).astype(np.int8)
+    w_scales = (0.002 + 0.004 * rng.rand(out_c)).astype(np.float32)
+    bias = rng.randint(-500, 500, out_c).astype(np.int32)
+    out_hw = [(d * stride if same else (d - 1) * stride + k) + extra for d in (h, w)]
+    x = rng.randint(-128, 128, in_shape)
+    pad = transpose_conv_padding(out_hw[0], k, stride, same)
+    acc = ref.transpose_conv_nhwc(x, weights, bias, out_hw, in_zp=Q_IN[1], strides=(stride,) * 2,
+                                  pad_top=pad, pad_left=transpose_conv_padding(out_hw[1], k,
+                                                                               stride, same))
+    out_scale = float(np.float32((acc * (Q_IN[0] * w_scales)).std() / 40))
+    zeros = np.zeros(out_c, np.int64)
+    tensors = (_i32([n, *out_hw, out_c]),
+               dict(shape=weights.shape, dtype="int8", q=(w_scales, zeros, 0), data=weights),
+               _t(in_shape),
+               dict(shape=(out_c,), dtype="int32", data=bias,
+                    q=(np.float32(Q_IN[0]) * w_scales, zeros, 0)),
+               _t((n, *out_hw, out_c), (out_scale, -5)))
+    return Case(name, "TRANSPOSE_CONV", tensors, (0, 1, 2, 3), (4,),
+                _transpose_conv_options(stride, same, act))
+
+
 def _pool(name, in_hw, pool, stride, same):
     out = [(n + stride - 1) // stride if same else (n - pool) // stride + 1 for n in in_hw]
     return Case(name, "MAX_POOL_2D", (_t((1, *in_hw, 19)), _t((1, *out, 19))), (0,), (1,),
@@ -201,6 +245,15 @@ CASES = [
          _block_options("SpaceToDepth", 2)),
     Case("depth_to_space", "DEPTH_TO_SPACE", (_t((1, 3, 2, 36)), _t((1, 9, 6, 4))), (0,), (1,),
          _block_options("DepthToSpace", 3)),
+    Case("prelu", "PRELU", (_t((1, 6, 5, 21)), _t((1, 1, 21), Q_B, _const_int8((1, 1, 21), 9)),
+                            _t((1, 6, 5, 21), Q_OUT)), (0, 1), (2,)),
+    Case("prelu_shared_axes", "PRELU", (_t((1, 4, 6, 19)), _t((1, 1, 1), Q_B, np.array(
+        [[[-77]]], np.int8)), _t((1, 4, 6, 19), Q_OUT)), (0, 1), (2,)),
+    _transpose_conv("transpose_conv_3x3_s2_same_relu", (1, 5, 6, 8), 12, 3, 2, True, act=1),
+    _transpose_conv("transpose_conv_2x2_s2_valid", (1, 4, 4, 16), 8, 2, 2, False),
+    _transpose_conv("transpose_conv_1x1_s2_same", (1, 4, 5, 24), 16, 1, 2, True),
+    _transpose_conv("transpose_conv_4x4_s2_same_short", (1, 3, 4, 8), 5, 4, 2, True, extra=-1),
+    _transpose_conv("transpose_conv_3x3_s2_valid_long", (1, 3, 3, 8), 7, 3, 2, False, extra=1),
     _pool("max_pool_same_3x3_s2", (9, 10), 3, 2, True),
     _pool("max_pool_same_2x2_s2_odd", (7, 7), 2, 2, True),
     _pool("max_pool_same_3x3_s1", (5, 6), 3, 1, True),

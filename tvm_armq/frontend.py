@@ -52,6 +52,8 @@ import re
 
 import numpy as np
 
+from .schedules.window import transpose_conv_padding
+
 # Quantized ops whose frontend conversion moves int8 bytes only (see the docstring).
 EXACT_DATA_MOVEMENT_OPS = frozenset({
     "PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V", "SQUEEZE",
@@ -110,17 +112,6 @@ def _convert_expand_dims(self, op):
     x_tensor, axis_tensor = self.get_input_tensors(op)
     axis = int(np.asarray(self.get_tensor_value(axis_tensor)).reshape(-1)[0])
     return relax.op.expand_dims(self.get_tensor_expr(x_tensor), axis)
-
-
-def transpose_conv_padding(out_size: int, kernel: int, stride: int, same: bool) -> int:
-    """The padding before the first output row (column) of a TFLite TRANSPOSE_CONV: its
-    Eval pads as a convolution from the output (``out_size``) back to the input would,
-    and the scatter then starts that many rows before the output's first."""
-    if same:
-        steps = (out_size + stride - 1) // stride
-    else:
-        steps = (out_size + stride - kernel) // stride
-    return max(0, (steps - 1) * stride + kernel - out_size) // 2
 
 
 def _convert_transpose_conv(original):

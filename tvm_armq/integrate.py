@@ -26,9 +26,12 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
 
     conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   GEMM micro-kernel of the target
     conv2d, groups = in_c (depthwise)          -> depthwise     NEON widening MACs
+    conv2d_transpose (TRANSPOSE_CONV)          -> transpose_conv zero insertion, then
+                                                 + conv2d_gemm  a stride-1 conv2d_gemm
     matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
     add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
     a constant operand)
+    where(d >= 0, d, d * alpha) (PRELU)        -> int8_ops      TFLite's two rescalings
     maximum, minimum                           -> int8_ops      raw 8-bit comparisons
     sigmoid, tanh, leakyrelu, relu, clip,      -> lut           a 256-entry table of TFLite's
     x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
@@ -52,6 +55,7 @@ and the report says why (``Fallback`` records). ``hooks.py`` puts this pass in f
 from __future__ import annotations
 
 import dataclasses
+import types
 
 import numpy as np
 
@@ -268,6 +272,23 @@ class _Layer:
         return np.float64(self.x_q[0]) * self.w_scales / np.float64(self.out_q[0])
 
 
+def _clip_range(clip, out_q, dtype: str) -> tuple[int, int]:
+    """The clamp of a layer's fused activation (the frontend's clip after its quantize)."""
+    if clip is None:
+        info = np.iinfo(dtype)
+        return int(info.min), int(info.max)
+    lo, hi = (float(v.value) for v in clip.args[1:3])
+    return _fused_activation(lo, hi, *out_q, dtype)
+
+
+def _int_bias(graph: _Graph, expr) -> np.ndarray:
+    """A layer's bias: ``dequantize`` of an int32 constant with zero point 0."""
+    value, q = _dequantized_const(graph, expr, "the bias")
+    if value.dtype != np.int32 or q.zp.any():
+        raise NotInteger("the bias is not int32 with zero point 0")
+    return value.reshape(-1)
+
+
 def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     """Read the conv/dense chain that ends in ``quantize`` (and its fused ``clip``)."""
     out_scale, out_zp = _qparams(graph, quantize).scalar("the output")
@@ -281,10 +302,7 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
         y, bias_expr = add.args
         if graph.call(y, "relax.nn.conv2d", "relax.matmul") is None:
             y, bias_expr = bias_expr, y
-        b_value, b_q = _dequantized_const(graph, bias_expr, "the bias")
-        if b_value.dtype != np.int32 or b_q.zp.any():
-            raise NotInteger("the bias is not int32 with zero point 0")
-        bias = b_value.reshape(-1)
+        bias = _int_bias(graph, bias_expr)
     core = graph.call(y, "relax.nn.conv2d", "relax.matmul")
     if core is None:
         raise NotInteger("no conv2d or matmul before the quantize")
@@ -304,12 +322,7 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
         raise NotInteger("int8 weights with a nonzero zero point")
     if out_dtype == "uint8":
         w_zp = w_q.scalar("the uint8 weight")[1]
-    if clip is not None:
-        lo, hi = (float(v.value) for v in clip.args[1:3])
-        act = _fused_activation(lo, hi, out_scale, out_zp, out_dtype)
-    else:
-        info = np.iinfo(out_dtype)
-        act = (int(info.min), int(info.max))
+    act = _clip_range(clip, (out_scale, out_zp), out_dtype)
 
     if core.op.name == "relax.matmul":
         if len(_shape(x)) != 2 or weight.ndim != 2:
@@ -339,6 +352,67 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
         raise NotInteger("uint8 depthwise (the depthwise kernel is int8)")
     return _Layer(op, x, x_q, weight, w_scales, bias, (out_scale, out_zp), out_dtype, act,
                   attrs, _shape(quantize), w_zp)
+
+
+def _transpose_conv_of(graph: _Graph, y):
+    """(conv2d_transpose call, bias expression or None) if ``y`` is the frontend's
+    quantized TRANSPOSE_CONV (``frontend._convert_transpose_conv``): the NCHW
+    conv2d_transpose between two permute_dims, plus the bias; else None."""
+    def nhwc_conv(e):
+        perm = graph.call(e, "relax.permute_dims")
+        return graph.call(perm.args[0], "relax.nn.conv2d_transpose") if perm is not None \
+            else None
+
+    add = graph.call(y, "relax.add")
+    if add is None:
+        conv = nhwc_conv(y)
+        return (conv, None) if conv is not None else None
+    for out, bias in (add.args, add.args[::-1]):
+        conv = nhwc_conv(out)
+        if conv is not None:
+            return conv, bias
+    return None
+
+
+def _match_transpose_conv(graph: _Graph, quantize, clip, conv, bias_expr):
+    """(zero-insertion _KernelCall, _Layer of the stride-1 conv after it) of a quantized
+    TRANSPOSE_CONV (``schedules.transpose_conv``)."""
+    from tvm_armq.schedules import transpose_conv as tc
+
+    out_q = _qparams(graph, quantize).scalar("the output")
+    if str(quantize.attrs.out_dtype) != "int8":
+        raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
+    a = conv.attrs
+    if (str(a.data_layout), str(a.kernel_layout)) != ("NCHW", "IOHW") or int(a.groups) != 1 \
+            or any(int(d) != 1 for d in a.dilation):
+        raise NotInteger("a conv2d_transpose other than the frontend's TRANSPOSE_CONV")
+    perm = graph.call(conv.args[0], "relax.permute_dims")
+    x_deq = graph.call(perm.args[0], "relax.dequantize") if perm is not None else None
+    if x_deq is None or _dtype(x_deq.args[0]) != "int8":
+        raise NotInteger("the input is not dequantized int8")
+    x, x_q = x_deq.args[0], _qparams(graph, x_deq).scalar("the input")
+    w_iohw, w_q = _dequantized_const(graph, conv.args[1], "the weight")
+    if w_iohw.dtype != np.int8 or w_q.zp.any():
+        raise NotInteger("weights that are not symmetric int8")
+    w_ohwi = w_iohw.transpose(1, 2, 3, 0)
+    n_out, kh, kw, _ = w_ohwi.shape
+    out_shape = _shape(quantize)
+    geom = tc.TransposeConvGeometry(*_shape(x)[1:3], *out_shape[1:3], kh, kw,
+                                    tuple(int(v) for v in a.strides), int(a.padding[0]),
+                                    int(a.padding[1]))
+    try:
+        zero_insert = tc.zero_insert_func(_shape(x), geom, x_q[1])
+    except ValueError as e:
+        raise NotInteger(str(e)) from None
+    padded = (_shape(x)[0], *geom.padded_hw, _shape(x)[3])
+    data = _KernelCall(zero_insert, "zero_insert", [x], [], padded, None)
+    w_scales = np.broadcast_to(w_q.scale.astype(np.float64).reshape(-1), (n_out,)).copy()
+    bias = _int_bias(graph, bias_expr) if bias_expr is not None else np.zeros(n_out, np.int32)
+    stride_one = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0),
+                                       groups=1)
+    layer = _Layer("conv2d", data, x_q, tc.flipped_hwio(w_ohwi), w_scales, bias, out_q, "int8",
+                   _clip_range(clip, out_q, "int8"), stride_one, out_shape)
+    return x, layer
 
 
 # ------------------------------------------------------------------ integer kernels
@@ -396,7 +470,8 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
     from tvm_armq.schedules import conv2d_gemm as cg
 
     dtype = layer.out_dtype
-    in_shape = _shape(layer.x)
+    # the input: a graph variable, or a kernel's output (TRANSPOSE_CONV's zero insertion)
+    in_shape = layer.x.out_shape if isinstance(layer.x, _KernelCall) else _shape(layer.x)
     if layer.op == "dense":
         rows, k = in_shape
         shape = cg.Conv2DShape.dense(rows, k, layer.weight.shape[1])
@@ -574,7 +649,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     y, act = _act_before(graph, quantize.args[0])
     core = graph.call(y, "relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                       "relax.minimum", "relax.mean", "relax.concat", "relax.nn.softmax",
-                      "relax.dequantize")
+                      "relax.dequantize", "relax.where")
     if core is None:
         raise NotInteger("no integer kernel for this op")
     op = core.op.name.replace("relax.", "").replace("nn.", "")
@@ -603,6 +678,19 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
+    if op == "where":  # PRELU: where(d >= 0, d, d * dequantize(alpha)), d = dequantize(x)
+        x, x_q = _quantized_var(graph, core.args[1], "the PRELU input")
+        negative = graph.call(core.args[2], "relax.multiply")
+        if negative is None or not negative.args[0].same_as(core.args[1]) or \
+                graph.call(core.args[0], "relax.greater_equal") is None:
+            raise NotInteger("a select that is not the frontend's PRELU")
+        alpha, alpha_q = _quantized_operand(graph, negative.args[1], "the PRELU alpha")
+        try:
+            func = ops.prelu_func(_shape(x), _operand_shape(alpha), x_q, alpha_q, out_q)
+        except ValueError as e:  # TFLite's Prepare refuses these scales too
+            raise NotInteger(str(e)) from None
+        return _binary_call(func, "prelu", x, alpha, out_shape,
+                            Lowered("prelu", label, _shape(x), out_shape, "prelu_s8_tflite"))
     if op in ("maximum", "minimum"):  # raw 8-bit comparisons (TFLite rescales nothing)
         (a, _), (b, _), _ = _binary_operands(graph, core, op, symmetric=True)
         func = ops.min_max_func(op, _shape(a), _operand_shape(b), out_shape)
@@ -784,6 +872,10 @@ def _lowering_rewriter():
                 else "quantize"
             if op in ("conv2d", "matmul") or (op == "add" and self._is_bias_add(core)):
                 return self._try(label, op, lambda: self._gemm(label, quantize, clip))
+            found = _transpose_conv_of(self.graph, quantize.args[0])
+            if found is not None:
+                return self._try(label, "transpose_conv",
+                                 lambda: self._transpose_conv(label, quantize, clip, *found))
             unary = _unary_of(self.graph, quantize.args[0])
             if unary is not None:
                 return self._try(label, unary[0].lower(),
@@ -800,11 +892,23 @@ def _lowering_rewriter():
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
             return make(layer, label, self.target, self.database, self.tasks, self.schedule)
 
+        def _transpose_conv(self, label, quantize, clip, conv, bias) -> _KernelCall:
+            """TRANSPOSE_CONV: zero insertion, then the GEMM convolution of the target."""
+            x, layer = _match_transpose_conv(self.graph, quantize, clip, conv, bias)
+            kc = _gemm_kernel(layer, label, self.target, self.database, self.tasks,
+                              self.schedule)
+            kc.record = dataclasses.replace(kc.record, op="transpose_conv", in_shape=_shape(x),
+                                            kernel=f"zero_insert_s8+{kc.record.kernel}")
+            return kc
+
         def _call_tir(self, kc: _KernelCall):
             """Emit ``kc``; returns the output expression (not yet bound)."""
             args = []
             for item in kc.inputs:
                 x, shape = item if isinstance(item, tuple) else (item, _shape(item))
+                if isinstance(x, _KernelCall):  # a kernel's output is this one's input
+                    args.append(self.builder_.emit(self._call_tir(x)))
+                    continue
                 new = self.visit_expr(x)
                 args.append(new if _shape(x) == tuple(shape)
                             else self.builder_.emit(relax.op.reshape(new, shape)))
