@@ -10,7 +10,9 @@ folded; SUB's constant first as well), SUB of two tensors (and broadcast),
 SQUARED_DIFFERENCE (two tensors, broadcast, a constant either side), SPACE_TO_DEPTH and
 DEPTH_TO_SPACE (data movement the frontend imports exactly), PRELU (alpha per channel,
 and one alpha for all), TRANSPOSE_CONV (per-channel weights, bias, SAME and VALID, the
-output sizes TFLite accepts past the usual one, a fused ReLU), and MAX_POOL_2D with SAME
+output sizes TFLite accepts past the usual one, a fused ReLU), RESIZE_BILINEAR and
+RESIZE_NEAREST_NEIGHBOR (up and down, align_corners, half_pixel_centers), and MAX_POOL_2D
+with SAME
 and VALID padding whose windows cross every border.
 """
 
@@ -193,6 +195,22 @@ def _transpose_conv(name, in_shape, out_c, k, stride, same, extra=0, act=0):
                 _transpose_conv_options(stride, same, act))
 
 
+def _resize(name, op, in_shape, out_hw, align_corners=False, half_pixel=False):
+    """RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR; one quantization in and out, as TFLite's
+    converter gives."""
+    kind = "ResizeBilinear" if op == "RESIZE_BILINEAR" else "ResizeNearestNeighbor"
+
+    def build_options(tfl, b):
+        getattr(tfl, f"{kind}OptionsStart")(b)
+        getattr(tfl, f"{kind}OptionsAddAlignCorners")(b, align_corners)
+        getattr(tfl, f"{kind}OptionsAddHalfPixelCenters")(b, half_pixel)
+        return getattr(tfl, f"{kind}OptionsEnd")(b)
+
+    out = (in_shape[0], *out_hw, in_shape[3])
+    return Case(name, op, (_t(in_shape), _i32(list(out_hw)), _t(out)), (0, 1), (2,),
+                (f"{kind}Options", build_options))
+
+
 def _pool(name, in_hw, pool, stride, same):
     out = [(n + stride - 1) // stride if same else (n - pool) // stride + 1 for n in in_hw]
     return Case(name, "MAX_POOL_2D", (_t((1, *in_hw, 19)), _t((1, *out, 19))), (0,), (1,),
@@ -254,6 +272,16 @@ CASES = [
     _transpose_conv("transpose_conv_1x1_s2_same", (1, 4, 5, 24), 16, 1, 2, True),
     _transpose_conv("transpose_conv_4x4_s2_same_short", (1, 3, 4, 8), 5, 4, 2, True, extra=-1),
     _transpose_conv("transpose_conv_3x3_s2_valid_long", (1, 3, 3, 8), 7, 3, 2, False, extra=1),
+    _resize("resize_bilinear_2x", "RESIZE_BILINEAR", (1, 5, 6, 19), (10, 12)),
+    _resize("resize_bilinear_align_corners", "RESIZE_BILINEAR", (1, 5, 6, 19), (9, 13), True),
+    _resize("resize_bilinear_half_pixel", "RESIZE_BILINEAR", (2, 5, 6, 19), (12, 7),
+            half_pixel=True),
+    _resize("resize_bilinear_down", "RESIZE_BILINEAR", (1, 9, 8, 33), (4, 5), half_pixel=True),
+    _resize("resize_nearest_2x", "RESIZE_NEAREST_NEIGHBOR", (1, 5, 6, 19), (10, 12)),
+    _resize("resize_nearest_align_corners", "RESIZE_NEAREST_NEIGHBOR", (1, 5, 6, 19), (9, 13),
+            True),
+    _resize("resize_nearest_half_pixel", "RESIZE_NEAREST_NEIGHBOR", (2, 5, 6, 19), (12, 7),
+            half_pixel=True),
     _pool("max_pool_same_3x3_s2", (9, 10), 3, 2, True),
     _pool("max_pool_same_2x2_s2_odd", (7, 7), 2, 2, True),
     _pool("max_pool_same_3x3_s1", (5, 6), 3, 1, True),

@@ -36,6 +36,9 @@ Two quantized converters are replaced so that the float chain means what TFLite 
                         TFLite pads (``transpose_conv_padding``), the rows TFLite adds at
                         the end as ``output_padding``, and the activation as a clip after
                         the quantize, as TVM's CONV_2D does. Float models keep TVM's.
+    RESIZE_NEAREST_NEIGHBOR  not in TVM's list of quantized ops either; TVM's converter
+                        resizes the int8 tensor itself, which the pass replaces with
+                        TFLite's positions (``schedules.resize``).
     PRELU               not in TVM's list of quantized ops; ``_convert_prelu`` imports a
                         quantized one as quantize(where(d >= 0, d, d * dequantize(alpha)))
                         with d = dequantize(x) and alpha broadcast as TFLite broadcasts it.
@@ -237,7 +240,8 @@ def extend() -> None:
     conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | EXACT_DATA_MOVEMENT_OPS
     conv.convert_reshape = _fold_computed_reshape(conv.convert_reshape)
     conv.convert_expand_dims = _convert_expand_dims
-    conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | {"PRELU"}
+    conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | {
+        "PRELU", "RESIZE_NEAREST_NEIGHBOR"}
     conv.convert_transpose_conv = _convert_transpose_conv(conv.convert_transpose_conv)
     conv.convert_prelu = _convert_prelu(conv.convert_prelu)
     conv.__init__ = _naming_init(conv.__init__)

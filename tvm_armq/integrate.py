@@ -32,6 +32,8 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
     a constant operand)
     where(d >= 0, d, d * alpha) (PRELU)        -> int8_ops      TFLite's two rescalings
+    resize2d (bilinear of a dequantized int8   -> resize        TFLite's 10-bit interpolation
+    tensor; nearest of the int8 tensor itself)                 / its float32 positions
     maximum, minimum                           -> int8_ops      raw 8-bit comparisons
     sigmoid, tanh, leakyrelu, relu, clip,      -> lut           a 256-entry table of TFLite's
     x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
@@ -649,7 +651,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     y, act = _act_before(graph, quantize.args[0])
     core = graph.call(y, "relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                       "relax.minimum", "relax.mean", "relax.concat", "relax.nn.softmax",
-                      "relax.dequantize", "relax.where")
+                      "relax.dequantize", "relax.where", "relax.image.resize2d")
     if core is None:
         raise NotInteger("no integer kernel for this op")
     op = core.op.name.replace("relax.", "").replace("nn.", "")
@@ -678,6 +680,9 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
         return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8_tflite", [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
+    if op == "image.resize2d":  # RESIZE_BILINEAR: quantize(resize2d(dequantize(x)))
+        x, _ = _quantized_var(graph, core.args[0], "the resize input")
+        return _resize(graph, core, x, label)
     if op == "where":  # PRELU: where(d >= 0, d, d * dequantize(alpha)), d = dequantize(x)
         x, x_q = _quantized_var(graph, core.args[1], "the PRELU input")
         negative = graph.call(core.args[2], "relax.multiply")
@@ -797,6 +802,40 @@ def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
     return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape, record, dtype)
 
 
+# TFLite's (align_corners, half_pixel_centers) by the frontend's coordinate transformation
+_RESIZE_MODES = {"asymmetric": (False, False), "align_corners": (True, False),
+                 "half_pixel": (False, True)}
+
+
+def _resize(graph: _Graph, call, x, label: str) -> _KernelCall:
+    """RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR of the int8 tensor ``x`` as
+    ``schedules.resize``: TFLite interpolates the raw 8-bit values (no rescaling)."""
+    from tvm_armq.schedules import resize
+
+    a = call.attrs
+    method, mode = str(a.method), str(a.coordinate_transformation_mode)
+    if str(a.layout) != "NHWC" or method not in ("linear", "nearest_neighbor") or \
+            mode not in _RESIZE_MODES:
+        raise NotInteger(f"resize2d {method} {mode} {a.layout} (TFLite's NHWC resizes only)")
+    if _dtype(x) != "int8":
+        raise NotInteger(f"resize of a {_dtype(x)} tensor (int8 only)")
+    align, half = _RESIZE_MODES[mode]
+    if method == "nearest_neighbor" and half and str(a.rounding_method) == "":
+        align = True  # the frontend leaves the rounding unset for both flags together
+    in_shape, out_shape = _shape(x), _shape(call)
+    linear = method == "linear"
+    make = resize.bilinear_table if linear else resize.nearest_table
+    try:
+        tables = [make(i, o, align, half) for i, o in zip(in_shape[1:3], out_shape[1:3])]
+    except ValueError as e:
+        raise NotInteger(str(e)) from None
+    func = (resize.resize_bilinear_func if linear else resize.resize_nearest_func)(
+        in_shape, out_shape[1:3])
+    op = "resize_bilinear" if linear else "resize_nearest"
+    return _KernelCall(func, op, [x], tables, out_shape,
+                       Lowered(op, label, in_shape, out_shape, f"{op}_s8_tflite"))
+
+
 def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
     """astype(avg_pool2d(astype(x, int32)), int8), the frontend's integer AVERAGE_POOL_2D,
     with TFLite's rounding of the average (the frontend's division truncates)."""
@@ -852,6 +891,10 @@ def _lowering_rewriter():
                     lowered = self._lower(label, q, call)
             elif name == "relax.quantize" and var not in self.fused:
                 lowered = self._lower(label, call, None)
+            elif name == "relax.image.resize2d" and _dtype(call.args[0]) == "int8":
+                # RESIZE_NEAREST_NEIGHBOR: the frontend resizes the int8 tensor itself
+                lowered = self._try(label, "resize_nearest",
+                                    lambda: _resize(self.graph, call, call.args[0], label))
             elif name == "relax.astype" and \
                     self.graph.call(call.args[0], "relax.nn.avg_pool2d") is not None:
                 lowered = self._try(label, "avg_pool2d", lambda: _avg_pool(self.graph, call,
