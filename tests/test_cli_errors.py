@@ -62,9 +62,11 @@ def digest(*paths) -> list[str]:
 
 
 # ------------------------------------------------------------------ models
-def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1) -> bytes:
+def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1,
+                    dynamic_range: bool = False) -> bytes:
     """A one-layer model: FULLY_CONNECTED of a rows x k input to n outputs, in ``act``
-    (int8 or int16 activations with int8 weights, or float32 throughout)."""
+    (int8 or int16 activations with int8 weights, or float32 throughout; float32 with
+    int8 weights for ``dynamic_range``, TFLite's dynamic-range quantization)."""
     import tflite
 
     from tvm_armq.tflite_writer import single_op_model
@@ -87,6 +89,9 @@ def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1) -> bytes:
         tflite.FullyConnectedOptionsStart(builder)
         return tflite.FullyConnectedOptionsEnd(builder)
 
+    if dynamic_range:  # float input, bias and output; the weight int8 with its scale
+        w = rng.integers(-127, 127, (n, k), endpoint=True).astype(np.int8)
+        tensors[1] = dict(shape=(n, k), dtype="int8", q=(0.01, 0), data=w)
     return single_op_model(tflite.BuiltinOperator.FULLY_CONNECTED, tensors, [0, 1, 2], [3],
                            (tflite.BuiltinOptions.FullyConnectedOptions, options))
 
@@ -112,6 +117,7 @@ def models(tmp_path_factory):
              # four rows: a GEMM that runs smmla at i8mm (one row runs sdot there)
              "int8_rows": fully_connected("int8", rows=4),
              "float": fully_connected("float32"),
+             "dynamic_range": fully_connected("float32", dynamic_range=True),
              "tanh": float_tanh(),
              "truncated": cli.BUNDLED_MODEL.read_bytes()[:480184],
              "flipped": bytes([int8[0] ^ 0xFF]) + int8[1:]}
@@ -158,6 +164,17 @@ def test_int16x8_model_names_the_tensor_and_dtype(models, command, tmp_path):
     error_of(res, UNSUPPORTED, str(models["int16"]), "tensor 0", "int16 (16x8 quantization",
              "int8 quantization")
     assert digest(models["int16"]) == before
+
+
+@pytest.mark.parametrize("command", ["compile", "inspect"])
+def test_dynamic_range_model_names_the_operator(models, command, tmp_path):
+    """float32 activations with int8 weights: refused before TVM's frontend, naming the
+    operator and how to convert the model instead (never a traceback)."""
+    res = tvm_armq(command, models["dynamic_range"], *(["-o", tmp_path / "m.so"]
+                                                       if command == "compile" else []))
+    error_of(res, UNSUPPORTED, str(models["dynamic_range"]), "operator 0 (FULLY_CONNECTED)",
+             "dynamic-range quantized", "representative dataset")
+    assert not (tmp_path / "m.so").exists()
 
 
 def test_model_tflite_itself_cannot_load(tmp_path):

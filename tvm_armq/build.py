@@ -81,6 +81,31 @@ def _unsupported_tensor(m: TFLiteModel) -> str | None:
     return None
 
 
+def _dynamic_range_op(m: TFLiteModel) -> str | None:
+    """The first operator of a dynamic-range quantized model (float32 activations, int8
+    weights quantized offline, requantized at run time by TFLite), said plainly."""
+    import tflite
+
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
+    fb = m.flatbuffer()
+    graph = fb.Subgraphs(0)
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        tensors = [graph.Tensors(t) if t >= 0 else None for t in op.InputsAsNumpy()]
+        if not tensors or tensors[0] is None:
+            continue
+        first = tensors[0]
+        weights = [t for t in tensors[1:] if t is not None and t.Type() == tflite.TensorType.INT8
+                   and t.Quantization() is not None and t.Quantization().ScaleLength() > 0]
+        if first.Type() == tflite.TensorType.FLOAT32 and weights:
+            code = fb.OperatorCodes(op.OpcodeIndex())
+            kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "?")
+            return (f"operator {i} ({kind}) is dynamic-range quantized (float32 activations, "
+                    "int8 weights): tvm_armq compiles full-integer models; convert the model "
+                    "with a representative dataset (TFLite's full integer quantization)")
+    return None
+
+
 def import_tflite(model) -> "tvm.IRModule":
     """The Relax module of a TFLite model, as TVM's TFLite frontend imports it.
 
@@ -89,7 +114,7 @@ def import_tflite(model) -> "tvm.IRModule":
     from tvm.relax.frontend.tflite import from_tflite
 
     m = TFLiteModel.load(model)
-    problem = _unsupported_tensor(m)
+    problem = _unsupported_tensor(m) or _dynamic_range_op(m)
     if problem:
         raise UnsupportedModel(f"{m.label}: {problem}")
     try:
