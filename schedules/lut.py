@@ -1,4 +1,4 @@
-"""Quantized 8-bit unary ops (LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU, RELU, RELU6,
+"""Quantized 8-bit unary ops (LOGISTIC, TANH, EXP, HARD_SWISH, LEAKY_RELU, RELU, RELU6,
 RELU_N1_TO_1, RSQRT) as one table lookup per element.
 
 Read this first. Every one of these TFLite operators maps one 8-bit input value to one
@@ -13,11 +13,11 @@ every input value for swept scales and zero points.
 What each table computes (``s``/``zp`` = float32 scale / zero point, ``x`` = input value,
 ``M(v, m, e)`` = TFLite's MultiplyByQuantizedMultiplier, ``round`` = half away from zero):
 
-LOGISTIC, TANH (``float_table``; TFLite's reference kernels build exactly this table in
-    their Prepare, ``PopulateLookupTable``)
+LOGISTIC, TANH, EXP (``float_table``; TFLite's reference kernels build exactly this
+    table in their Prepare, ``PopulateLookupTable``; EXP: int8 only)
     ``clamp(round(f(s_in * (x - zp_in)) * (1 / s_out)) + zp_out)``, every step in float32,
-    f = ``1 / (1 + expf(-v))`` or ``tanhf(v)``. The float functions are the C library's
-    own ``expf`` / ``tanhf`` (loaded with ctypes): TFLite calls those, so a result that
+    f = ``1 / (1 + expf(-v))``, ``tanhf(v)`` or ``expf(v)``. The float functions are the C
+    library's own ``expf`` / ``tanhf`` (loaded with ctypes): TFLite calls those, so a result that
     lies one float32 ulp from a rounding boundary rounds the same way here.
 HARD_SWISH (``hard_swish_table``; ``reference_ops::HardSwish``, int16 fixed point)
     Prepare: ``hires = s_in / 128`` (float32); two multipliers, ``hires / s_out`` and
@@ -83,7 +83,7 @@ Q3_THREE_HALVES = (1 << 28) + (1 << 27)  # 1.5 with 3 integer bits
 Q0_HALF_SQRT2 = 1518500250             # sqrt(2) / 2 in Q0.31
 
 # The TFLite op -> the float function its 8-bit reference kernel tabulates
-FLOAT_FUNCTIONS = ("LOGISTIC", "TANH")
+FLOAT_FUNCTIONS = ("LOGISTIC", "TANH", "EXP")
 # RELU family: requantize and clamp to the activation's range (passed in as act_range)
 RELU_OPS = ("RELU", "RELU6", "RELU_N1_TO_1")
 
@@ -126,11 +126,13 @@ def _float_function(op: str):
         return lambda v: _f32(_f32(1.0) / (_f32(1.0) + _f32(lib.expf(float(-v)))))
     if op == "TANH":
         return lambda v: _f32(lib.tanhf(float(v)))
+    if op == "EXP":
+        return lambda v: _f32(lib.expf(float(v)))
     raise ValueError(f"no float function for {op}: expected one of {FLOAT_FUNCTIONS}")
 
 
 def float_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
-    """TFLite's table of LOGISTIC or TANH for 8-bit tensors (``PopulateLookupTable``)."""
+    """TFLite's table of LOGISTIC, TANH or EXP for 8-bit tensors (``PopulateLookupTable``)."""
     (s_in, zp_in), (s_out, zp_out) = in_q, out_q
     f, x = _float_function(op), _inputs(dtype)
     inverse = _f32(1.0) / _f32(s_out)
@@ -323,7 +325,7 @@ def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
 
 
 OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS + ("RSQRT",)
-INT8_ONLY = ("RSQRT",)  # TFLite has no uint8 kernel for these
+INT8_ONLY = ("RSQRT", "EXP")  # TFLite has no uint8 kernel for these
 
 
 def dtypes(op: str) -> tuple[str, ...]:

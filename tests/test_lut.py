@@ -1,5 +1,5 @@
-"""8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, HARD_SWISH, LEAKY_RELU,
-RELU, RELU6, RELU_N1_TO_1 and RSQRT, bit-exact against TFLite's reference kernels.
+"""8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, EXP, HARD_SWISH,
+LEAKY_RELU, RELU, RELU6, RELU_N1_TO_1 and RSQRT, bit-exact against TFLite's reference kernels.
 
 Two layers of evidence:
 
@@ -7,8 +7,8 @@ Two layers of evidence:
    TFLite's ``BUILTIN_REF`` kernel outputs for every one of the 256 input values, on
    single-op models written with ``tflite_writer``, over a seeded sweep of input scales
    across four decades, output scales around them and zero points over the whole range
-   (the extremes included), for int8 and uint8 (RSQRT: int8, and only the inputs at or
-   above the zero point, the ones TFLite agrees to run on).
+   (the extremes included), for int8 and uint8 (EXP: int8; RSQRT: int8, and only the
+   inputs at or above the zero point, the ones TFLite agrees to run on).
 2. Device, at every ISA level: single-op models of each op, shapes with a remainder to
    the 16-lane vector, compiled with ``compile_tflite`` (the pass must lower the op to the
    table kernel: checked in the report, no float fallback) and run on the emulated
@@ -65,6 +65,11 @@ def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_ou
     zp_in = mid + int(rng.randint(-64, 64)) if zp_in is None else zp_in
     if (op, dtype) in FIXED_OUTPUT:
         out_q = FIXED_OUTPUT[(op, dtype)]
+    elif op == "EXP":  # inputs up to about e**3, the output scale fitted to the largest
+        s_in = float(np.float32(10 ** rng.uniform(-3, -1.3)))
+        top = np.exp(s_in * (int(info.max) - zp_in))
+        s_out = float(np.float32(top / 255 * 10 ** rng.uniform(-0.2, 0.2)))
+        out_q = (s_out, int(info.min) + int(rng.randint(0, 32)) if zp_out is None else zp_out)
     elif op == "RSQRT":  # 1 / sqrt(s_in * v) for v in [1, 255] spans about the output range
         zp_in = int(rng.randint(info.min, 0)) if zp_in is None else zp_in
         s_out = float(np.float32(10 ** rng.uniform(-0.3, 0.3) / (np.sqrt(s_in) * 127)))

@@ -35,7 +35,7 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     resize2d (bilinear of a dequantized int8   -> resize        TFLite's 10-bit interpolation
     tensor; nearest of the int8 tensor itself)                 / its float32 positions
     maximum, minimum                           -> int8_ops      raw 8-bit comparisons
-    sigmoid, tanh, leakyrelu, relu, clip,      -> lut           a 256-entry table of TFLite's
+    sigmoid, tanh, exp, rsqrt, leakyrelu, relu, -> lut           a 256-entry table of TFLite's
     x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
     concat                                     -> int8_ops      a copy per input (requantizing
@@ -741,11 +741,12 @@ def _unary_of(graph: _Graph, y):
     of an 8-bit unary op that ``schedules.lut`` tabulates, else None::
 
         sigmoid(d) LOGISTIC   tanh(d) TANH   leakyrelu(d) LEAKY_RELU   relu(d) RELU
-        rsqrt(d) RSQRT
+        rsqrt(d) RSQRT   exp(d) EXP
         clip(d, 0, 6) RELU6   clip(d, -1, 1) RELU_N1_TO_1
         divide(multiply(d, clip(add(d, 3), 0, 6)), 6) HARD_SWISH
     """
     simple = {"relax.sigmoid": "LOGISTIC", "relax.tanh": "TANH", "relax.rsqrt": "RSQRT",
+              "relax.exp": "EXP",
               "relax.nn.leakyrelu": "LEAKY_RELU", "relax.nn.relu": "RELU"}
     call = graph.call(y, *simple, "relax.clip", "relax.divide")
     if call is None:
