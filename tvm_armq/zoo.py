@@ -239,8 +239,8 @@ def _weight_role(variable) -> str:
 def _randomize_weights(model, rng: np.random.RandomState) -> None:
     """Overwrite every weight of ``model`` with values drawn from ``rng``.
 
-    Kernels: He-normal (std = sqrt(2 / fan_in)) so ReLU nets keep their activation
-    scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm: gamma U(0.5, 1.5),
+    Kernels (a separable conv's two too): He-normal (std = sqrt(2 / fan_in)) so ReLU
+    nets keep their activation scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm: gamma U(0.5, 1.5),
     beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving stats with
     ``_fit_batchnorm_stats``.  An input Normalization layer: the identity.
     """
@@ -252,8 +252,9 @@ def _randomize_weights(model, rng: np.random.RandomState) -> None:
                 # (kh, kw, in_ch, multiplier): each output sees kh*kw inputs.
                 fan_in = shape[0] * shape[1]
                 value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
-            elif role == "kernel":
-                # Conv (kh, kw, in_ch/groups, out) or Dense (in, out).
+            elif role in ("kernel", "pointwise_kernel"):
+                # Conv (kh, kw, in_ch/groups, out), Dense (in, out), or the 1x1 half
+                # of a separable conv (1, 1, in_ch * multiplier, out).
                 fan_in = int(np.prod(shape[:-1]))
                 value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
             elif role == "bias":
@@ -278,7 +279,7 @@ def _randomize_weights(model, rng: np.random.RandomState) -> None:
             var.assign(value.astype(np.float32))
 
 
-def _fit_batchnorm_stats(model, batch: np.ndarray) -> None:
+def _fit_batchnorm_stats(model, batch: np.ndarray | list[np.ndarray]) -> None:
     """Set each BN's moving mean/variance to the statistics of its real input.
 
     One forward pass in training mode with momentum 0 makes every BN normalise with
@@ -294,8 +295,12 @@ def _fit_batchnorm_stats(model, batch: np.ndarray) -> None:
     for bn in bns:
         bn.momentum = 0.0
     # keras.applications models built on ``input_tensor`` declare their inputs as
-    # a one-element list; match that structure to avoid a Keras warning.
-    inputs = [batch] if isinstance(model.input, list) else batch
+    # a one-element list; match that structure to avoid a Keras warning.  A model of
+    # several inputs gets a list of batches, one per input, and takes it as it is.
+    if isinstance(batch, list):
+        inputs = batch
+    else:
+        inputs = [batch] if isinstance(model.input, list) else batch
     try:
         model(inputs, training=True)
     finally:
@@ -546,6 +551,31 @@ def _build_efficientnet_b1(rng):
     return _application("EfficientNetB1", (1, 64, 64, 3), rng)
 
 
+def _build_densenet169(rng):
+    """Keras DenseNet-169 at 64x64: DenseNet-121's layout with deeper third and fourth
+    dense blocks (32 and 32 layers), each batch-norm in front of a convolution a
+    per-channel MUL and ADD by constants."""
+    return _application("DenseNet169", (1, 64, 64, 3), rng)
+
+
+# Xception's smallest input: its entry flow halves the image four times with VALID
+# and strided layers, and Keras refuses anything below 71 pixels.
+_XCEPTION_MIN_SIDE = 71
+
+
+def _build_xception(rng):
+    """Keras Xception at its smallest input (71x71): separable convolutions (a depthwise
+    3x3 then a 1x1) with residual ADDs around strided 1x1 projections, max pools."""
+    side = _XCEPTION_MIN_SIDE
+    return _application("Xception", (1, side, side, 3), rng)
+
+
+def _build_inception_v3(rng):
+    """Keras InceptionV3 at its full 299x299: inception blocks of 1x1, 3x3, 1x7/7x1 and
+    3x1/1x3 branches with average and max pools, joined by CONCATENATION."""
+    return _application("InceptionV3", (1, 299, 299, 3), rng)
+
+
 def _build_resnet_block(rng):
     """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
     keras = _tf().keras
@@ -604,6 +634,109 @@ def _build_inception_block(rng):
     x = L.Dense(10, name="logits")(x)
     model = keras.Model(inp, x, name="inception_block")
     return _finish_net(model, shape, rng)
+
+
+def _conv_bn_relu(L, x, ch, kernel, name, stride=1):
+    """Conv2D (no bias) -> BatchNormalization -> ReLU, the layers named ``name_*``."""
+    x = L.Conv2D(ch, kernel, strides=stride, padding="same", use_bias=False,
+                 name=f"{name}_conv")(x)
+    x = L.BatchNormalization(name=f"{name}_bn")(x)
+    return L.ReLU(name=f"{name}_relu")(x)
+
+
+# DS-CNN keyword spotting: 49 frames of 10 MFCC features, 12 classes (10 words,
+# silence, unknown), 64 channels throughout, four depthwise-separable blocks.
+_KWS_SHAPE = (1, 49, 10, 1)
+_KWS_CLASSES = 12
+_KWS_CHANNELS = 64
+_KWS_BLOCKS = 4
+_KWS_STEM_KERNEL = (10, 4)
+
+
+def _build_ds_cnn(rng):
+    """DS-CNN keyword spotter: a 10x4 stride-2 conv stem, four depthwise-separable blocks
+    (3x3 depthwise -> BN -> ReLU -> 1x1 conv -> BN -> ReLU), global average pool, dense."""
+    keras = _tf().keras
+    L = keras.layers
+    (inp,) = _inputs([_KWS_SHAPE])
+    x = _conv_bn_relu(L, inp, _KWS_CHANNELS, _KWS_STEM_KERNEL, "stem", stride=2)
+    for i in range(1, _KWS_BLOCKS + 1):
+        x = L.DepthwiseConv2D(3, padding="same", use_bias=False, name=f"dw{i}")(x)
+        x = L.BatchNormalization(name=f"dw{i}_bn")(x)
+        x = L.ReLU(name=f"dw{i}_relu")(x)
+        x = _conv_bn_relu(L, x, _KWS_CHANNELS, 1, f"pw{i}")
+    x = L.GlobalAveragePooling2D(name="gap")(x)
+    x = L.Dense(_KWS_CLASSES, name="logits")(x)
+    model = keras.Model(inp, x, name="ds_cnn")
+    return _finish_net(model, _KWS_SHAPE, rng)
+
+
+# SSD-style detector: 3 anchors per cell, 6 classes scored independently (sigmoid),
+# prediction heads on the three feature maps of a strided backbone (12x12, 6x6, 3x3 for
+# a 48x48 image).
+_SSD_SHAPE = (1, 48, 48, 3)
+_SSD_ANCHORS = 3
+_SSD_CLASSES = 6
+_BOX_COORDS = 4
+_SSD_BACKBONE = ((16, "stage1"), (32, "stage2"), (64, "stage3"), (64, "stage4"))
+_SSD_HEAD_STAGES = 3  # the last three stages carry heads
+
+
+def _build_ssd_head(rng):
+    """SSD-style detector: a backbone of stride-2 3x3 conv stages; on each of its last
+    three feature maps a 3x3 box conv (4 per anchor) and a 3x3 class conv (one score per
+    class and anchor), RESHAPEd to (1, cells * anchors, 4) and (1, cells * anchors,
+    classes), CONCATENATEd across the scales; the class scores through LOGISTIC.
+    Outputs, in the converter's order: scores (1, N, classes), then boxes (1, N, 4)."""
+    keras = _tf().keras
+    L = keras.layers
+    (inp,) = _inputs([_SSD_SHAPE])
+    x, maps = inp, []
+    for channels, name in _SSD_BACKBONE:
+        x = _conv_bn_relu(L, x, channels, 3, name, stride=2)
+        maps.append(x)
+    boxes, scores = [], []
+    for i, fmap in enumerate(maps[-_SSD_HEAD_STAGES:]):
+        b = L.Conv2D(_BOX_COORDS * _SSD_ANCHORS, 3, padding="same", name=f"box{i}")(fmap)
+        boxes.append(L.Reshape((-1, _BOX_COORDS), name=f"box{i}_reshape")(b))
+        c = L.Conv2D(_SSD_CLASSES * _SSD_ANCHORS, 3, padding="same", name=f"cls{i}")(fmap)
+        scores.append(L.Reshape((-1, _SSD_CLASSES), name=f"cls{i}_reshape")(c))
+    boxes = L.Concatenate(axis=1, name="boxes")(boxes)
+    scores = L.Concatenate(axis=1, name="class_logits")(scores)
+    scores = L.Activation("sigmoid", name="scores")(scores)
+    model = keras.Model(inp, [boxes, scores], name="ssd_head")
+    return _finish_net(model, _SSD_SHAPE, rng)
+
+
+# Two inputs (an image and a feature vector) and two outputs (logits and a feature map).
+_TWO_IN_IMAGE = (1, 24, 24, 3)
+_TWO_IN_VECTOR = (1, 16)
+_TWO_OUT_CLASSES = 10
+_TWO_OUT_MAP_CHANNELS = 8
+
+
+def _build_two_in_two_out(rng):
+    """Two inputs, two outputs: the image through two strided conv-BN-ReLU layers, the
+    vector through a dense layer with ReLU; the pooled image features ADDed to the vector
+    features, CONCATENATEd with them and a dense layer gives the logits (first output);
+    a 1x1 conv of the image features gives a feature map (second output)."""
+    keras = _tf().keras
+    L = keras.layers
+    image, vector = _inputs([_TWO_IN_IMAGE, _TWO_IN_VECTOR])
+    f = _conv_bn_relu(L, image, 16, 3, "conv1", stride=2)
+    f = _conv_bn_relu(L, f, 32, 3, "conv2", stride=2)
+    v = L.Dense(32, activation="relu", name="vector_dense")(vector)
+    g = L.GlobalAveragePooling2D(name="gap")(f)
+    s = L.Add(name="add")([g, v])
+    joined = L.Concatenate(name="concat")([s, v])
+    logits = L.Dense(_TWO_OUT_CLASSES, name="logits")(joined)
+    fmap = L.Conv2D(_TWO_OUT_MAP_CHANNELS, 1, name="map")(f)
+    model = keras.Model([image, vector], [logits, fmap], name="two_in_two_out")
+    _randomize_weights(model, rng)
+    batches = [rng.uniform(-1.0, 1.0, (_BN_BATCH,) + shape[1:]).astype(np.float32)
+               for shape in (_TWO_IN_IMAGE, _TWO_IN_VECTOR)]
+    _fit_batchnorm_stats(model, batches)
+    return model
 
 
 def _build_conv2d_3x3_f32(rng):
@@ -702,6 +835,29 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("densenet121", _build_densenet121, ((1, 64, 64, 3),),
               "Keras DenseNet-121, 64x64, 1000 logits: per-channel batch-norm as MUL "
               "and ADD by constants, 58 concatenations", calib_samples=32),
+    ModelSpec("ds_cnn", _build_ds_cnn, (_KWS_SHAPE,),
+              "DS-CNN keyword spotter, 49x10x1 MFCCs: 10x4 stride-2 conv stem, four "
+              "depthwise-separable blocks of 64 ch, global average pool, dense 12",
+              calib_samples=64),
+    ModelSpec("ssd_head", _build_ssd_head, (_SSD_SHAPE,),
+              "SSD-style detector, 48x48: box and class 3x3 convs on three scales, "
+              "RESHAPE, CONCATENATION across scales, LOGISTIC scores; outputs scores "
+              "(1, 567, 6) and boxes (1, 567, 4)", calib_samples=64),
+    # The converter orders this model's inputs input_b (the vector), input (the image);
+    # the shapes and calibration ranges follow the TFLite order.
+    ModelSpec("two_in_two_out", _build_two_in_two_out, (_TWO_IN_VECTOR, _TWO_IN_IMAGE),
+              "Two inputs (16-vector, 24x24 image), two outputs (6x6x8 map, 10 logits): "
+              "conv, dense, ADD, CONCATENATION", input_ranges=_TWO_RANGES[::-1],
+              calib_samples=64),
+    ModelSpec("xception", _build_xception, ((1, _XCEPTION_MIN_SIDE, _XCEPTION_MIN_SIDE, 3),),
+              "Keras Xception, 71x71 (its smallest input), 1000 logits: separable "
+              "convolutions, residual ADDs, max pools", calib_samples=32),
+    ModelSpec("densenet169", _build_densenet169, ((1, 64, 64, 3),),
+              "Keras DenseNet-169, 64x64, 1000 logits: per-channel batch-norm as MUL "
+              "and ADD by constants, 82 concatenations", calib_samples=32),
+    ModelSpec("inception_v3", _build_inception_v3, ((1, 299, 299, 3),),
+              "Keras InceptionV3, 299x299, 1000 logits: 1x7/7x1 and 1x3/3x1 branches, "
+              "average and max pools, CONCATENATION", calib_samples=16),
 )
 
 # Float models: a registry of their own, so that ``names()`` stays the int8 zoo (the
