@@ -1,7 +1,10 @@
 """Whole models through ``import tvm_armq`` + ``tvm.compile``, bit-exact against TFLite.
 
 Every zoo model (the single ops and the nets: MobileNetV1 0.25 and 1.0, MobileNetV2 1.0,
-the ResNet-style and the Inception-style block) is compiled for each ISA level with
+the ResNet-style and the Inception-style block, MobileNetV3-Small, EfficientNet-B1,
+DenseNet-121 and -169, Xception, InceptionV3, the DS-CNN keyword spotter, the SSD-style
+detector with its two outputs, the model of two inputs and two outputs) is compiled for
+each ISA level with
 ``compile_tflite``, run on that level's emulated device and compared with TFLite's
 reference kernels: every output element must be equal, and every output of TFLite must
 really vary (``armq_checks.output_pairs``). One module per model, all of a level's models
@@ -26,7 +29,8 @@ from tvm_armq.tflite_model import TFLiteModel
 pytestmark = pytest.mark.device
 
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
-        "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
+        "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121",
+        "ds_cnn", "ssd_head", "two_in_two_out", "xception", "densenet169", "inception_v3"]
 # Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
 # which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
 # land one step off. Bound: at most one step, on at most this share of the outputs.
@@ -48,6 +52,10 @@ INTEGER_PATHS = {
     "mobilenet_v3_small": {("hard_swish", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
     "densenet121": {("multiply", "multiply_s8_tflite"), ("add", "add_s8_tflite")},
     "efficientnet_b1": {("logistic", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
+    "ds_cnn": {("depthwise_conv2d", "depthwise_s8s8s32_3x3_neon"), ("mean", "mean_s8_tflite")},
+    "ssd_head": {("logistic", "lut_s8_tflite"), ("concat", "concat_s8")},
+    "two_in_two_out": {("add", "add_s8_tflite"), ("concat", "concat_s8")},
+    "densenet169": {("multiply", "multiply_s8_tflite"), ("add", "add_s8_tflite")},
 }
 
 
@@ -111,8 +119,9 @@ def test_no_layer_stays_float(outputs, level, name):
 @pytest.mark.parametrize("name", sorted(INTEGER_PATHS))
 def test_integer_path_runs_in_a_whole_model(outputs, level, name):
     """MUL, SUB, SOFTMAX, LOGISTIC, QUANTIZE, CONCATENATION after a requantization, and in
-    the nets HARD_SWISH and the batch-norms left as MUL / ADD by constants, ran on their
-    integer kernels in the bit-exact modules: the compile report names each one."""
+    the nets HARD_SWISH, the batch-norms left as MUL / ADD by constants, the detector's
+    concatenations across scales and its LOGISTIC scores, ran on their integer kernels in
+    the bit-exact modules: the compile report names each one."""
     assert name in SINGLE_OPS + NETS  # so test_model_is_bit_exact compares its outputs
     lowered = {(r.op, r.kernel) for r in outputs(level)[name].report
                if isinstance(r, integrate.Lowered)}

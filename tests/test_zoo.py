@@ -303,3 +303,55 @@ def test_resnet_block(tmp_path):
     # Non-degenerate logits: not all equal, not all saturated.
     assert len(np.unique(y)) > 1
     assert np.mean((y == -128) | (y == 127)) < 0.5
+
+
+# --------------------------------------------------------------------------
+# The small nets of several outputs or inputs (each builds in a few seconds)
+# --------------------------------------------------------------------------
+
+
+def _run_int8(path, seed=0):
+    """Inputs and outputs details, and the outputs for seeded random int8 inputs."""
+    it = _interpreter(path)
+    ins, outs = it.get_input_details(), it.get_output_details()
+    rng = np.random.RandomState(seed)
+    for d in ins:
+        it.set_tensor(d["index"], rng.randint(-128, 128, d["shape"]).astype(np.int8))
+    it.invoke()
+    return ins, outs, [it.get_tensor(d["index"]) for d in outs]
+
+
+def test_ds_cnn(tmp_path):
+    path = zoo.build("ds_cnn", out_dir=tmp_path)
+    ops = _ops(path)
+    assert ops.count("DEPTHWISE_CONV_2D") == 4 and ops.count("CONV_2D") == 5
+    assert {"MEAN", "FULLY_CONNECTED"} <= set(ops)
+    ins, outs, (y,) = _run_int8(path)
+    assert tuple(ins[0]["shape"]) == (1, 49, 10, 1) and tuple(outs[0]["shape"]) == (1, 12)
+    assert len(np.unique(y)) > 1
+
+
+def test_ssd_head_two_outputs(tmp_path):
+    """Box and class convs per scale, RESHAPEd, CONCATENATEd; scores through LOGISTIC.
+    Both outputs vary (the scores are not all saturated at 0 or 1)."""
+    path = zoo.build("ssd_head", out_dir=tmp_path)
+    ops = _ops(path)
+    assert ops.count("RESHAPE") == 6 and ops.count("CONCATENATION") == 2
+    assert ops.count("LOGISTIC") == 1
+    _, outs, (scores, boxes) = _run_int8(path)
+    assert tuple(scores.shape) == (1, 567, 6) and tuple(boxes.shape) == (1, 567, 4)
+    for y in (scores, boxes):
+        assert len(np.unique(y)) > 64
+        assert np.mean((y == -128) | (y == 127)) < 0.5
+
+
+def test_two_in_two_out_input_order(tmp_path):
+    """The spec lists the inputs in TFLite's order (the vector, then the image), so the
+    calibration data fed each input its own shape and range: the two input scales differ."""
+    path = zoo.build("two_in_two_out", out_dir=tmp_path)
+    assert {"CONV_2D", "FULLY_CONNECTED", "ADD", "CONCATENATION"} <= set(_ops(path))
+    ins, outs, ys = _run_int8(path)
+    assert [tuple(d["shape"]) for d in ins] == list(zoo.spec("two_in_two_out").input_shapes)
+    assert ins[0]["quantization"][0] != ins[1]["quantization"][0]
+    assert [tuple(y.shape) for y in ys] == [(1, 6, 6, 8), (1, 10)]
+    assert all(len(np.unique(y)) > 1 for y in ys)
