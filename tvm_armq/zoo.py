@@ -63,6 +63,24 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
                      four branches (1x1; 1x1 -> 1x7 -> 7x1; 1x1 -> 3x3; average pool ->
                      1x1) joined by CONCATENATION, strided conv, global average pool,
                      dense 10
+  ds_cnn             DS-CNN keyword spotter on 1x49x10x1 (49 frames of 10 MFCCs): 10x4
+                     stride-2 conv stem of 64 ch, four depthwise-separable blocks (3x3
+                     depthwise, 1x1 conv, each with BN and ReLU), global average pool,
+                     dense 12
+  ssd_head           SSD-style detector on 1x48x48x3: four stride-2 conv stages; on the
+                     last three maps (12x12, 6x6, 3x3) a 3x3 box conv (4 per anchor) and
+                     a 3x3 class conv (6 classes per anchor), 3 anchors, RESHAPE to
+                     (1, cells * anchors, 4 or 6), CONCATENATION across scales, LOGISTIC
+                     on the scores; two outputs, scores (1, 567, 6) and boxes (1, 567, 4)
+  two_in_two_out     two inputs, a 1x16 vector and a 1x24x24x3 image (TFLite's input
+                     order), two outputs, a 1x6x6x8 map and 10 logits: strided convs on
+                     the image, a dense layer on the vector, ADD and CONCATENATION of
+                     the pooled image and the vector features, a dense layer, a 1x1 conv
+  xception           tf.keras.applications.Xception, 1x71x71x3 (the smallest input it
+                     takes; separable convs, residual ADDs, max pools)
+  densenet169        tf.keras.applications.DenseNet169, 1x64x64x3 (as densenet121, with
+                     82 dense layers)
+  inception_v3       tf.keras.applications.InceptionV3, 1x299x299x3 (its full size)
 
 Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed by
 ``float_names()``, not by ``names()``, whose models are all int8):
