@@ -41,8 +41,10 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
                     8-bit table of TFLite's arithmetic in tvm_armq)
   sub               SUB of two 1x16x16x8 inputs calibrated on different ranges
   resize_bilinear   RESIZE_BILINEAR (Keras UpSampling2D, bilinear, half-pixel centres)
-                    1x8x8x8 -> 1x16x16x8: tvm_armq has no integer kernel for it yet, so
-                    it tests the float fallback (dequantize -> resize -> quantize)
+                    1x8x8x8 -> 1x16x16x8
+  log_softmax       LOG_SOFTMAX over the 16 channels of a 1x8x8x16 input calibrated on
+                    [-4, 4]: tvm_armq has no integer kernel for it yet, so it tests the
+                    float fallback (dequantize -> log_softmax -> quantize)
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -80,6 +82,9 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
                      takes; separable convs, residual ADDs, max pools)
   densenet169        tf.keras.applications.DenseNet169, 1x64x64x3 (as densenet121, with
                      82 dense layers)
+  unet               small U-Net segmenter on 1x32x32x3: conv stages down to 8x8, up by
+                     a stride-2 TRANSPOSE_CONV (ReLU) and a bilinear RESIZE_BILINEAR, each
+                     CONCATENATEd with the encoder's map of its size, 4 logits per pixel
   inception_v3       tf.keras.applications.InceptionV3, 1x299x299x3 (its full size)
 
 Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed by
@@ -469,10 +474,16 @@ def _build_softmax(rng):
 
 
 def _build_resize_bilinear(rng):
-    # RESIZE_BILINEAR: tvm_armq has no integer kernel for it yet; the model tests the
-    # float fallback.
     return _single_layer([(1, 8, 8, 8)], lambda L: L.UpSampling2D(
         2, interpolation="bilinear", name="resize_bilinear"), rng)
+
+
+def _build_log_softmax(rng):
+    # LOG_SOFTMAX: tvm_armq has no integer kernel for it yet; the model tests the float
+    # fallback.
+    tf = _tf()
+    return _single_layer([_SOFTMAX_IN], lambda L: L.Activation(tf.nn.log_softmax,
+                                                               name="log_softmax"), rng)
 
 
 def _build_sub(rng):
@@ -662,6 +673,32 @@ def _conv_bn_relu(L, x, ch, kernel, name, stride=1):
     return L.ReLU(name=f"{name}_relu")(x)
 
 
+# A small U-Net segmenter: per-pixel class logits at the input's resolution.
+_UNET_SHAPE = (1, 32, 32, 3)
+_UNET_CLASSES = 4
+
+
+def _build_unet(rng):
+    """U-Net-style segmenter: a conv stage at full size, two stride-2 stages down to 8x8;
+    back up by a stride-2 TRANSPOSE_CONV (with ReLU) to 16x16 and a bilinear upsampling
+    (RESIZE_BILINEAR, half-pixel centres) to 32x32, each CONCATENATEd with the encoder's
+    map of that size (the skip connections) and convolved; a 1x1 conv gives the logits."""
+    keras = _tf().keras
+    L = keras.layers
+    (inp,) = _inputs([_UNET_SHAPE])
+    e1 = _conv_bn_relu(L, inp, 16, 3, "enc1")
+    e2 = _conv_bn_relu(L, e1, 32, 3, "enc2", stride=2)
+    bottom = _conv_bn_relu(L, e2, 64, 3, "bottom", stride=2)
+    up2 = L.Conv2DTranspose(32, 3, strides=2, padding="same", activation="relu",
+                            name="up2")(bottom)
+    d2 = _conv_bn_relu(L, L.Concatenate(name="skip2")([up2, e2]), 32, 3, "dec2")
+    up1 = L.UpSampling2D(2, interpolation="bilinear", name="up1")(d2)
+    d1 = _conv_bn_relu(L, L.Concatenate(name="skip1")([up1, e1]), 16, 3, "dec1")
+    logits = L.Conv2D(_UNET_CLASSES, 1, name="logits")(d1)
+    model = keras.Model(inp, logits, name="unet")
+    return _finish_net(model, _UNET_SHAPE, rng)
+
+
 # DS-CNN keyword spotting: 49 frames of 10 MFCC features, 12 classes (10 words,
 # silence, unknown), 64 channels throughout, four depthwise-separable blocks.
 _KWS_SHAPE = (1, 49, 10, 1)
@@ -825,8 +862,11 @@ _SPECS: tuple[ModelSpec, ...] = (
               "SUB of two inputs with different scales", op="SUB",
               input_ranges=_TWO_RANGES),
     ModelSpec("resize_bilinear", _build_resize_bilinear, ((1, 8, 8, 8),),
-              "RESIZE_BILINEAR 8x8 -> 16x16: no tvm_armq kernel yet, stays float QDQ",
+              "RESIZE_BILINEAR 8x8 -> 16x16 (Keras UpSampling2D, half-pixel centres)",
               op="RESIZE_BILINEAR"),
+    ModelSpec("log_softmax", _build_log_softmax, (_SOFTMAX_IN,),
+              "LOG_SOFTMAX over 16 classes, 1x8x8x16: no tvm_armq kernel yet, stays float "
+              "QDQ", op="LOG_SOFTMAX", input_ranges=((-4.0, 4.0),)),
     # Nets.  Fewer calibration samples: a 224x224 MobileNet costs ~0.1 s each.
     ModelSpec("mobilenet_v1_0.25", _build_mobilenet_v1_025, ((1, 128, 128, 3),),
               "Keras MobileNet v1, alpha 0.25, 128x128, 1000 logits (no softmax)",
@@ -873,6 +913,10 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("densenet169", _build_densenet169, ((1, 64, 64, 3),),
               "Keras DenseNet-169, 64x64, 1000 logits: per-channel batch-norm as MUL "
               "and ADD by constants, 82 concatenations", calib_samples=32),
+    ModelSpec("unet", _build_unet, (_UNET_SHAPE,),
+              "Small U-Net, 32x32, 4 classes per pixel: two strided encoder stages, a "
+              "TRANSPOSE_CONV and a bilinear RESIZE_BILINEAR upsampling, skip "
+              "CONCATENATIONs", calib_samples=64),
     ModelSpec("inception_v3", _build_inception_v3, ((1, 299, 299, 3),),
               "Keras InceptionV3, 299x299, 1000 logits: 1x7/7x1 and 1x3/3x1 branches, "
               "average and max pools, CONCATENATION", calib_samples=16),
