@@ -367,6 +367,17 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
         raise DeviceUnreachable(f"{where}: {e.strerror or e}") from None
 
 
+RPC_CALL_THREAD = "tvm_armq-rpc-call"  # the name of call_with_timeout's threads
+
+
+def abandoned_rpc_calls() -> int:
+    """How many of ``call_with_timeout``'s threads are still blocked in TVM's C++ socket
+    calls (overrun, or their caller interrupted)."""
+    import threading
+
+    return sum(t.name == RPC_CALL_THREAD and t.is_alive() for t in threading.enumerate())
+
+
 def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
     """``fn()``, or ``DeviceUnreachable`` if it has not returned within ``timeout`` s (the
     message names ``option``, the CLI option that sets the limit).
@@ -383,7 +394,7 @@ def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = e
 
-    thread = threading.Thread(target=run, name="tvm_armq-rpc-call", daemon=True)
+    thread = threading.Thread(target=run, name=RPC_CALL_THREAD, daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
