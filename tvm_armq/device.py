@@ -368,6 +368,7 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
 
 
 RPC_CALL_THREAD = "tvm_armq-rpc-call"  # the name of call_with_timeout's threads
+SIGNAL_POLL = 0.1  # s: how often call_with_timeout's caller wakes up to take a Ctrl-C
 
 
 def abandoned_rpc_calls() -> int:
@@ -396,7 +397,11 @@ def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
 
     thread = threading.Thread(target=run, name=RPC_CALL_THREAD, daemon=True)
     thread.start()
-    thread.join(timeout)
+    # Wait in short slices: a signal (Ctrl-C) that the kernel hands to the blocked thread
+    # instead of this one is only acted on when this thread wakes up.
+    deadline = time.monotonic() + timeout
+    while thread.is_alive() and time.monotonic() < deadline:
+        thread.join(min(SIGNAL_POLL, max(0.0, deadline - time.monotonic())))
     if thread.is_alive():
         raise DeviceUnreachable(f"{what} within {timeout:g} s ({option}): the endpoint is "
                                 "hung or overloaded")
