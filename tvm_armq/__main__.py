@@ -1,5 +1,5 @@
 import sys
 
-from .cli import console_main
+from .cli import main
 
-sys.exit(console_main())
+sys.exit(main())

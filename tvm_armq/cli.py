@@ -551,21 +551,4 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code(e)
 
 
-def console_main() -> int:
-    """``main`` for the ``tvm-armq`` command and ``python -m tvm_armq``. A thread still
-    blocked in TVM's C++ socket calls (a hung device, or Ctrl-C while waiting for one) can
-    hold the interpreter's exit in TVM's teardown: the process then ends at once, its
-    output flushed, with the status ``main`` returned."""
-    import os
-
-    from . import device
-
-    code = main()
-    if device.abandoned_rpc_calls():
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    return code
-
-
-__all__ = ["EXIT_CODES", "console_main", "exit_code", "error_line", "main", "parser"]
+__all__ = ["EXIT_CODES", "exit_code", "error_line", "main", "parser"]

@@ -367,16 +367,7 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
         raise DeviceUnreachable(f"{where}: {e.strerror or e}") from None
 
 
-RPC_CALL_THREAD = "tvm_armq-rpc-call"  # the name of call_with_timeout's threads
 SIGNAL_POLL = 0.1  # s: how often call_with_timeout's caller wakes up to take a Ctrl-C
-
-
-def abandoned_rpc_calls() -> int:
-    """How many of ``call_with_timeout``'s threads are still blocked in TVM's C++ socket
-    calls (overrun, or their caller interrupted)."""
-    import threading
-
-    return sum(t.name == RPC_CALL_THREAD and t.is_alive() for t in threading.enumerate())
 
 
 def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
@@ -395,7 +386,7 @@ def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = e
 
-    thread = threading.Thread(target=run, name=RPC_CALL_THREAD, daemon=True)
+    thread = threading.Thread(target=run, name="tvm_armq-rpc-call", daemon=True)
     thread.start()
     # Wait in short slices: a signal (Ctrl-C) that the kernel hands to the blocked thread
     # instead of this one is only acted on when this thread wakes up.
