@@ -63,6 +63,7 @@ import numpy as np
 from tvm_armq.intrinsics.requant import (multiply_by_quantized_multiplier,
                                          quantize_multiplier, rounding_divide_by_pot,
                                          saturating_rounding_doubling_high_mul)
+from tvm_armq.schedules.reference import round_half_away
 
 DTYPES = ("int8", "uint8")
 TABLE_SIZE = 256  # one entry per 8-bit input value
@@ -104,12 +105,6 @@ def _f32(v) -> np.float32:
     return np.float32(v)
 
 
-def _round_half_away(v) -> np.ndarray:
-    """C's ``round`` of float32 values (exact: the addition is done in float64)."""
-    v = np.asarray(v, np.float64)
-    return np.sign(v) * np.floor(np.abs(v) + 0.5)
-
-
 # ----------------------------------------------------------------------------- LOGISTIC, TANH
 @functools.lru_cache(maxsize=None)
 def _libm():
@@ -139,7 +134,7 @@ def float_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
     out = []
     for v in x:
         real = _f32(s_in) * _f32(int(v) - int(zp_in))
-        rescaled = _round_half_away(_f32(f(real) * inverse))
+        rescaled = round_half_away(_f32(f(real) * inverse))
         out.append(float(_f32(_f32(rescaled) + _f32(zp_out))))  # float + zp, then (int)
     return _clamp(np.trunc(np.array(out)), dtype)
 

@@ -16,6 +16,13 @@ from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, multiply_by_quant
                                          saturating_rounding_doubling_high_mul)
 
 
+def round_half_away(v) -> np.ndarray:
+    """C's ``round`` (TFLite's ``TfLiteRound``) of float32 values, exact: the + 0.5 is done
+    in float64, where it cannot round (in float32, 0.49999997 + 0.5 would become 1.0)."""
+    v = np.asarray(v, np.float64)
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
 def requantize(acc, multiplier, shift, out_zp: int, lo: int, hi: int, out_dtype: str):
     """int32 accumulators (last axis = output channel) -> clamped ``out_dtype``."""
     r = multiply_by_quantized_multiplier(acc, multiplier, shift).astype(np.int64) + out_zp

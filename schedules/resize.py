@@ -32,6 +32,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .reference import round_half_away
+
 FRACTION_BITS = 10            # TFLite's bilinear positions have 10 fractional bits
 ONE = 1 << FRACTION_BITS      # 1.0 in those positions
 HALF = ONE // 2
@@ -60,7 +62,10 @@ def bilinear_table(in_size: int, out_size: int, align_corners: bool,
     p = i * scale + (scale // 2 - HALF if half_pixel else 0)
     lo = np.maximum(_c_div(p, ONE), 0)
     hi = np.minimum(_c_div(p + ONE - 1, ONE), in_size - 1)
-    lo = np.minimum(lo, in_size - 1)  # never needed for sizes TFLite takes; keeps reads inside
+    # TFLite does not clamp lo: where the 10-bit scale rounds up (2 -> 83 rows, asymmetric)
+    # its last rows read past the input, memory the output cannot be checked against; here
+    # they read the last row
+    lo = np.minimum(lo, in_size - 1)
     return np.stack([lo, hi, p - ONE * lo], axis=1).astype(np.int32)
 
 
@@ -73,8 +78,8 @@ def nearest_table(in_size: int, out_size: int, align_corners: bool,
     else:
         scale = f(in_size) / f(out_size)
     at = (np.arange(out_size, dtype=np.float32) + f(0.5 if half_pixel else 0.0)) * scale
-    if align_corners:  # round half away from zero
-        pos = np.sign(at) * np.floor(np.abs(at) + f(0.5))
+    if align_corners:
+        pos = round_half_away(at)
     else:
         pos = np.floor(at)
     pos = np.minimum(pos.astype(np.int64), in_size - 1)
