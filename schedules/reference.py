@@ -228,8 +228,8 @@ def clamp_f32(y, act_range):
 
 
 # ------------------------------------------------- int8 element-wise, pooling, mean, softmax
-# TFLite's reference kernels for 8-bit ADD, MUL, PRELU, MEAN, AVERAGE_POOL_2D, QUANTIZE (8-bit input)
-# and SOFTMAX, written plainly over int64 NumPy arrays. The integer parameters (multipliers,
+# TFLite's reference kernels for 8-bit ADD, MUL, PRELU, MEAN, AVERAGE_POOL_2D, QUANTIZE
+# (8-bit input) and SOFTMAX, written plainly over int64 NumPy arrays. The integer parameters (multipliers,
 # shifts) are TFLite's Prepare results: ``schedules.int8_ops.*_params`` computes them, and
 # its dataclasses' fields are these functions' keyword arguments.
 def _clip_to(values, lo: int, hi: int, out_dtype: str) -> np.ndarray:

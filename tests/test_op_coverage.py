@@ -36,10 +36,11 @@ Q_IN, Q_B, Q_OUT = (0.05, 3), (0.02, -7), (0.04, -2)
 class Case:
     name: str
     op: str                  # tflite.BuiltinOperator name
-    tensors: tuple           # dicts for tflite_writer.single_op_model
-    inputs: tuple
-    outputs: tuple
+    tensors: tuple = ()      # dicts for tflite_writer.single_op_model
+    inputs: tuple = ()
+    outputs: tuple = ()
     options: object = None   # (BuiltinOptions name, function(tflite, builder) -> offset)
+    written: bytes | None = None  # or the model, from the op's own test module's writer
 
 
 def _i32(values):
@@ -153,22 +154,13 @@ def _squared_difference(name, a_shape, b_shape, b_const=False, const_first=False
                 ("SquaredDifferenceOptions", _squared_difference_options))
 
 
-def _transpose_conv_options(stride, same, act):
-    def build_options(tfl, b):
-        tfl.TransposeConvOptionsStart(b)
-        tfl.TransposeConvOptionsAddPadding(b, tfl.Padding.SAME if same else tfl.Padding.VALID)
-        tfl.TransposeConvOptionsAddStrideH(b, stride)
-        tfl.TransposeConvOptionsAddStrideW(b, stride)
-        tfl.TransposeConvOptionsAddFusedActivationFunction(b, act)
-        return tfl.TransposeConvOptionsEnd(b)
-    return ("TransposeConvOptions", build_options)
-
-
 def _transpose_conv(name, in_shape, out_c, k, stride, same, extra=0, act=0):
     """TRANSPOSE_CONV with per-channel int8 weights and an int32 bias; ``extra`` output
     rows and columns past the usual size (-1 for SAME, up to stride - 1 for VALID: what
     TFLite accepts). The output scale is fitted to TFLite's accumulators on a random
     input, so that the outputs spread over the 8-bit range."""
+    from test_transpose_conv import transpose_conv_model
+
     from tvm_armq.schedules import reference as ref
     from tvm_armq.schedules.window import transpose_conv_padding
 
@@ -178,37 +170,23 @@ def _transpose_conv(name, in_shape, out_c, k, stride, same, extra=0, act=0):
     w_scales = (0.002 + 0.004 * rng.rand(out_c)).astype(np.float32)
     bias = rng.randint(-500, 500, out_c).astype(np.int32)
     out_hw = [(d * stride if same else (d - 1) * stride + k) + extra for d in (h, w)]
-    x = rng.randint(-128, 128, in_shape)
-    pad = transpose_conv_padding(out_hw[0], k, stride, same)
-    acc = ref.transpose_conv_nhwc(x, weights, bias, out_hw, in_zp=Q_IN[1], strides=(stride,) * 2,
-                                  pad_top=pad, pad_left=transpose_conv_padding(out_hw[1], k,
-                                                                               stride, same))
-    out_scale = float(np.float32((acc * (Q_IN[0] * w_scales)).std() / 40))
-    zeros = np.zeros(out_c, np.int64)
-    tensors = (_i32([n, *out_hw, out_c]),
-               dict(shape=weights.shape, dtype="int8", q=(w_scales, zeros, 0), data=weights),
-               _t(in_shape),
-               dict(shape=(out_c,), dtype="int32", data=bias,
-                    q=(np.float32(Q_IN[0]) * w_scales, zeros, 0)),
-               _t((n, *out_hw, out_c), (out_scale, -5)))
-    return Case(name, "TRANSPOSE_CONV", tensors, (0, 1, 2, 3), (4,),
-                _transpose_conv_options(stride, same, act))
+    pad_top, pad_left = (transpose_conv_padding(o, k, stride, same) for o in out_hw)
+    acc = ref.transpose_conv_nhwc(rng.randint(-128, 128, in_shape), weights, bias, out_hw,
+                                  in_zp=Q_IN[1], strides=(stride,) * 2, pad_top=pad_top,
+                                  pad_left=pad_left)
+    out_q = (float(np.float32((acc * (Q_IN[0] * w_scales)).std() / 40)), -5)
+    return Case(name, "TRANSPOSE_CONV", written=transpose_conv_model(
+        in_shape, weights, bias, (n, *out_hw, out_c), Q_IN, w_scales, out_q, (stride,) * 2,
+        same, act))
 
 
 def _resize(name, op, in_shape, out_hw, align_corners=False, half_pixel=False):
     """RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR; one quantization in and out, as TFLite's
     converter gives."""
-    kind = "ResizeBilinear" if op == "RESIZE_BILINEAR" else "ResizeNearestNeighbor"
+    from test_resize import resize_model
 
-    def build_options(tfl, b):
-        getattr(tfl, f"{kind}OptionsStart")(b)
-        getattr(tfl, f"{kind}OptionsAddAlignCorners")(b, align_corners)
-        getattr(tfl, f"{kind}OptionsAddHalfPixelCenters")(b, half_pixel)
-        return getattr(tfl, f"{kind}OptionsEnd")(b)
-
-    out = (in_shape[0], *out_hw, in_shape[3])
-    return Case(name, op, (_t(in_shape), _i32(list(out_hw)), _t(out)), (0, 1), (2,),
-                (f"{kind}Options", build_options))
+    return Case(name, op, written=resize_model(op, in_shape, out_hw, Q_IN, "int8",
+                                               align_corners, half_pixel))
 
 
 def _pool(name, in_hw, pool, stride, same):
@@ -291,6 +269,9 @@ CASES = [
 
 def _model(case: Case) -> bytes:
     import tflite
+
+    if case.written is not None:
+        return case.written
 
     options = None
     if case.options is not None:

@@ -22,7 +22,8 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
     """A .tflite flatbuffer with one operator ``op`` (a ``tflite.BuiltinOperator``).
 
     ``tensors``: dicts with ``shape``, ``dtype`` and optionally ``q`` = (scale, zero point),
-    or (scales, zero points, axis) for per-channel quantization along ``axis``, and ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
+    or (scales, zero points, axis) for per-channel quantization along ``axis``, and
+    ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
     ``options``: (``tflite.BuiltinOptions`` type, function(builder) -> offset) or None.
     Non-constant inputs become the model's inputs, in order."""
     import flatbuffers
