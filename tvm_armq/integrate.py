@@ -197,6 +197,11 @@ class QParams:
     def per_tensor(self) -> bool:
         return self.scale.size == 1
 
+    def per_channel(self, n: int) -> np.ndarray:
+        """The scales as float64, one per each of ``n`` channels (a per-tensor scale
+        repeated): a weight's scales, for the per-channel requantization."""
+        return np.broadcast_to(self.scale.astype(np.float64).reshape(-1), (n,)).copy()
+
     def scalar(self, what: str) -> tuple[float, int]:
         if not self.per_tensor:
             raise NotInteger(f"{what} is quantized per channel")
@@ -347,7 +352,7 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
             op, n_out = "conv2d", weight.shape[3]
         else:
             raise NotInteger(f"kernel layout {attrs.kernel_layout}")
-    w_scales = np.broadcast_to(w_q.scale.astype(np.float64).reshape(-1), (n_out,)).copy()
+    w_scales = w_q.per_channel(n_out)
     if bias is None:
         bias = np.zeros(n_out, np.int32)
     if op == "depthwise_conv2d" and out_dtype != "int8":
@@ -408,7 +413,7 @@ def _match_transpose_conv(graph: _Graph, quantize, clip, conv, bias_expr):
         raise NotInteger(str(e)) from None
     padded = (_shape(x)[0], *geom.padded_hw, _shape(x)[3])
     data = _KernelCall(zero_insert, "zero_insert", [x], [], padded, None)
-    w_scales = np.broadcast_to(w_q.scale.astype(np.float64).reshape(-1), (n_out,)).copy()
+    w_scales = w_q.per_channel(n_out)
     bias = _int_bias(graph, bias_expr) if bias_expr is not None else np.zeros(n_out, np.int32)
     stride_one = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0),
                                        groups=1)
