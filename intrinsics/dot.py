@@ -1,15 +1,15 @@
-"""Dot-product micro-kernels: sdot/udot (+dotprod) and the mixed-sign usdot/sudot (+i8mm).
+"""Dot-product micro-kernels: sdot / udot by element (+dotprod).
 
-``sdot Vd.4s, Vn.16b, Vm.16b`` splits its sources into four 4-byte groups and adds the
-dot product of group g of Vn and group g of Vm into int32 lane g of Vd:
+``sdot Vd.4s, Vn.16b, Vm.4b[idx]`` splits its vector source into four 4-byte groups and
+adds the dot product of group g of Vn and the indexed group of Vm into int32 lane g of Vd:
 
-    Vd[g] += sum over k < 4 of Vn[4g + k] * Vm[4g + k]                      (by vector)
-    Vd[g] += sum over k < 4 of Vn[4g + k] * Vm[4*idx + k]   (Vm.4b[idx])     (by element)
+    Vd[g] += sum over k < 4 of Vn[4g + k] * Vm[4*idx + k]
 
-Two micro-kernels use the two forms (both: C[mr, nr] += A[mr, kr] · B[nr, kr]^T on the
-packed layouts of ``kernels.py``; C is any row-major window, each row one 4-lane vector).
+One family per signedness (``kernels.FAMILIES``), on the packed layouts of ``kernels.py``
+(C[mr, nr] += A[mr, kr] · B[nr, kr]^T; C is any row-major window, each row one 4-lane
+vector).
 
-By element, 4x4x4 (math: 4 x 4 · 4 x 4 → 4 x 4): one instruction per row of C.
+4x4x4 (math: 4 x 4 · 4 x 4 → 4 x 4): one instruction per row of C.
 
     Vm = packed A block  | A[0,0:4] | A[1,0:4] | A[2,0:4] | A[3,0:4] |   group i = row i
     Vn = packed B block  | B[0,0:4] | B[1,0:4] | B[2,0:4] | B[3,0:4] |   group j = row j
@@ -20,9 +20,9 @@ By element, 4x4x4 (math: 4 x 4 · 4 x 4 → 4 x 4): one instruction per row of C
   The 4 bytes of A's row i are the indexed (broadcast) group, B's block is the vector
   operand, so lane j of the result is column j of C and each row of C is one register.
 
-By element, one row, 1x4x4 (math: 1 x 4 · 4 x 4 → 1 x 4): the same instruction for a GEMM
-of one row (a dense layer on one vector), where the 4-row block would multiply three rows
-of padding. B's packing is the 4x4x4 kernel's; A's block is the row's 4 bytes.
+One row, 1x4x4 (math: 1 x 4 · 4 x 4 → 1 x 4): the same instruction for a GEMM of one row
+(a dense layer on one vector) and a GEMM's row tail, where the 4-row block would multiply
+three rows of padding. B's packing is the 4x4x4 kernel's; A's block is the row's 4 bytes.
 
     Va   = A[0, 0:4] in every group       (the direct form: a 16-byte load of A holds
                                            four blocks, lane t picks block t)
@@ -36,39 +36,21 @@ of padding. B's packing is the 4x4x4 kernel's; A's block is the row's 4 bytes.
   instruction. Its direct-read form (``impl_direct``) keeps several column blocks'
   accumulators in flight, one register each.
 
-By vector, 4x4x16 (math: 4 x 16 · 16 x 4 → 4 x 4): the dotprod counterpart of the Armv8.0
-kernel in ``neon.py`` (same block, same packing); per (i, j) one instruction on whole rows
-gives four partial sums, and a pairwise-add tree turns 4 x 4 of them into a row of C.
-
-    Va_i = A[i, 0:16] = | A[i,0:4] | A[i,4:8] | A[i,8:12] | A[i,12:16] |
-    Vb_j = B[j, 0:16] = | B[j,0:4] | B[j,4:8] | B[j,8:12] | B[j,12:16] |
-    P_ij = sdot(0, Va_i, Vb_j)     P_ij[g] = sum over k in 4g..4g+3 of A[i, k] * B[j, k]
-    C[i, 0:4] += addp(addp(P_i0, P_i1), addp(P_i2, P_i3))
-               = | sum(P_i0) | sum(P_i1) | sum(P_i2) | sum(P_i3) |
-
 Signedness: sdot (s8 x s8), udot (u8 x u8, accumulated in int32: the bit pattern equals the
-uint32 one while sums stay below 2**31), and with +i8mm the u8 x s8 kernels: by vector
-``usdot`` (Vn = A unsigned, Vm = B signed); by element LLVM's ``usdot`` with the unsigned
-operand broadcast, which is the instruction ``sudot Vd.4s, Vn.16b, Vm.4b[i]`` (Vn = B
-signed, indexed Vm = A unsigned). All of it is exact integer arithmetic.
+uint32 one while sums stay below 2**31). All of it is exact integer arithmetic.
 """
 
 from __future__ import annotations
 
-from . import kernels
+from . import forms, kernels
 from .kernels import Kernel
 
-# (a_dtype, b_dtype) -> LLVM intrinsic; usdot takes (acc, unsigned operand, signed operand).
+# operand dtype -> LLVM intrinsic (acc, vector source, indexed source)
 DOT_INTRINSIC = {
-    ("int8", "int8"): "llvm.aarch64.neon.sdot.v4i32.v16i8",
-    ("uint8", "uint8"): "llvm.aarch64.neon.udot.v4i32.v16i8",
-    ("uint8", "int8"): "llvm.aarch64.neon.usdot.v4i32.v16i8",
+    "int8": "llvm.aarch64.neon.sdot.v4i32.v16i8",
+    "uint8": "llvm.aarch64.neon.udot.v4i32.v16i8",
 }
-ADDP = "llvm.aarch64.neon.addp.v4i32"
-
-BY_ELEMENT = tuple(k for k in kernels.TABLE if k.module == "dot" and k.form == "by_element")
-BY_VECTOR = tuple(k for k in kernels.TABLE if k.module == "dot" and k.form == "by_vector")
-KERNELS = BY_ELEMENT + BY_VECTOR
+KERNELS = tuple(k for k in kernels.TABLE if k.module == "dot")
 
 _GROUP = 4  # bytes per dot-product group: one int32 lane of the accumulator
 _LANES = 4  # int32 lanes of a 128-bit accumulator (= groups per 16-byte source)
@@ -78,11 +60,11 @@ ROWS = (1, _LANES)
 
 
 def _dot(kernel: Kernel, acc, first, second):
-    """acc + the per-group dot products of two 16-byte operands (usdot: unsigned first)."""
+    """acc + the per-group dot products of two 16-byte operands."""
     from tvm import tirx
 
     return tirx.call_llvm_pure_intrin(f"int32x{_LANES}",
-                                      DOT_INTRINSIC[(kernel.a_dtype, kernel.b_dtype)],
+                                      DOT_INTRINSIC[kernel.a_dtype],
                                       acc, first, second)
 
 
@@ -90,7 +72,7 @@ def _by_element(kernel: Kernel):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    kernels.check_shape(kernel, ROWS, _LANES, _GROUP)
+    forms.check_shape(kernel, ROWS, _LANES, _GROUP)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     vector = f"x{_LANES * _GROUP}"
     row = f"{kernel.acc_dtype}x{nr}"
@@ -105,50 +87,17 @@ def _by_element(kernel: Kernel):
             group = (tirx.Broadcast(a_groups, _LANES) if mr == 1
                      else tirx.Shuffle([a_groups], [i] * _LANES))
             a_row_i = tirx.reinterpret(kernel.a_dtype + vector, group)
-            # LLVM folds the broadcast into the indexed form only where the instruction's
-            # indexed operand sits: the second source for sdot/udot, while for the mixed
-            # sign it must stay the first (unsigned) usdot operand, which LLVM emits as
-            # sudot-by-element with the operands swapped.
-            if kernel.a_dtype == kernel.b_dtype:
-                value = _dot(kernel, C.vload([i, 0], row), vb, a_row_i)
-            else:
-                value = _dot(kernel, C.vload([i, 0], row), a_row_i, vb)
+            # LLVM folds the broadcast into the indexed form where the instruction's
+            # indexed operand sits: the second source
+            value = _dot(kernel, C.vload([i, 0], row), vb, a_row_i)
             T.buffer_store(C, value, [i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl(kernel, emit)
+    return forms.build_impl(kernel, emit)
 
 
-def _by_vector(kernel: Kernel):
-    from tvm import tirx
-    from tvm.script import tirx as T
-
-    kernels.check_shape(kernel, _LANES, _LANES, _GROUP * _LANES)
-    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    row = f"{kernel.acc_dtype}x{nr}"
-
-    def emit(A, B, C):
-        a_rows = [T.bind(A.vload([i, 0], f"{kernel.a_dtype}x{kr}")) for i in range(mr)]
-        b_rows = [T.bind(B.vload([j, 0], f"{kernel.b_dtype}x{kr}")) for j in range(nr)]
-        zero = tirx.Broadcast(tirx.const(0, "int32"), _LANES)
-        for i in range(mr):
-            partial = [_dot(kernel, zero, a_rows[i], b_rows[j]) for j in range(nr)]
-            pairs = [tirx.call_llvm_pure_intrin(f"int32x{_LANES}", ADDP, partial[j],
-                                                partial[j + 1]) for j in range(0, nr, 2)]
-            sums = tirx.call_llvm_pure_intrin(f"int32x{_LANES}", ADDP, *pairs)
-            T.buffer_store(C, C.vload([i, 0], row) + sums, [i, tirx.Ramp(0, 1, nr)])
-
-    return kernels.build_impl(kernel, emit)
-
-
-def supports_direct(kernel: Kernel) -> bool:
-    """Whether ``kernel`` has a direct-read form (``impl_direct``): the signed by-element
-    kernel (sdot), the one the int8 convolutions use and the device tests cover."""
-    return kernel in BY_ELEMENT and (kernel.a_dtype, kernel.b_dtype) == ("int8", "int8")
-
-
-def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
-    """A by-element kernel over a whole K loop with A read in place (``kernels.desc_direct``):
-    A is mr rows of the input laid out as ``window`` says (``kernels.DirectWindow``: each
+def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
+    """A by-element kernel over a whole K loop with A read in place (``forms.desc_direct``):
+    A is mr rows of the input laid out as ``window`` says (``forms.DirectWindow``: each
     row one or more runs of contiguous K elements), unpacked; B is n_tiles packed column
     blocks.
 
@@ -170,9 +119,9 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    if not supports_direct(kernel):
-        raise ValueError(f"{kernel.name} has no direct-read form (int8 by-element sdot only)")
-    kernels.check_shape(kernel, ROWS, _LANES, _GROUP)
+    if kernels.DIRECT not in kernel.forms:
+        raise ValueError(f"{kernel.name} has no direct-read form (int8 sdot only)")
+    forms.check_shape(kernel, ROWS, _LANES, _GROUP)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     steps = window.segment // kr  # K steps per run
     chunk = _LANES  # K steps per 16-byte row load
@@ -221,19 +170,20 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(acc, C.vload([tile, i, 0], row), [lanes(tile, i)])
-        kernels.for_each_run(window, run)
+        forms.for_each_run(window, run)
         for tile in range(n_tiles):
             for i in range(mr):
                 T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),
                                [tile, i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl_direct(kernel, window, n_tiles, emit)
+    return forms.build_impl_direct(kernel, window, n_tiles, emit)
 
 
 def impl(kernel: Kernel):
-    """The impl PrimFunc of a dot-product kernel (by element or by vector)."""
-    if kernel in BY_ELEMENT:
-        return _by_element(kernel)
-    if kernel in BY_VECTOR:
-        return _by_vector(kernel)
-    raise ValueError(f"{kernel.name} is not a dot-product kernel")
+    """The impl PrimFunc of a dot-product kernel's block form."""
+    if kernel not in KERNELS:
+        raise ValueError(f"{kernel.name} is not a dot-product kernel")
+    return _by_element(kernel)
+
+
+IMPLEMENTS = forms.Implementation(block=impl, direct=impl_direct)

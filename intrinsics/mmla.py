@@ -29,7 +29,7 @@ whose bit pattern equals the uint32 one while sums stay below 2**31). ``usmmla``
 bfmmla rounds: with FPCR.EBF = 0 (Linux's default) each output element is
 ``((c + (a0*b0 + a1*b1)) + (a2*b2 + a3*b3))`` where every product and sum is rounded to
 float32 with round-to-odd and denormal inputs and results are flushed to zero. It is not
-bit-identical to the scalar reference (``kernels.desc``), which only describes what is
+bit-identical to the scalar reference (``forms.desc``), which only describes what is
 computed for tensorize to match.
 """
 
@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import contextlib
 
-from . import kernels
+from . import forms, kernels
 from .kernels import Kernel
 
 # kernel name -> the LLVM intrinsic of its block (bfmmla: called through BFMMLA_SHIM below)
@@ -88,7 +88,7 @@ def impl(kernel: Kernel):
     if kernel.name not in LLVM_INTRINSIC:
         raise ValueError(f"{kernel.name} is not an mmla kernel")
     kr = _VECTOR_BITS // (_ROWS * _bits(kernel.a_dtype))
-    kernels.check_shape(kernel, _ROWS, _ROWS, kr)
+    forms.check_shape(kernel, _ROWS, _ROWS, kr)
     mr, nr = kernel.mr, kernel.nr
     ab_lanes = mr * kr  # elements of one A (or B) block: one 128-bit register
     c_lanes = mr * nr
@@ -130,4 +130,7 @@ def impl(kernel: Kernel):
                         T.buffer_store(C, tirx.Shuffle([res], list(range(i * nr, (i + 1) * nr))),
                                        [i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl(kernel, emit)
+    return forms.build_impl(kernel, emit)
+
+
+IMPLEMENTS = forms.Implementation(block=impl)

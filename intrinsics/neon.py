@@ -39,7 +39,7 @@ likewise. Sums are exact while they fit int32: K <= 131071 for int8, K <= 33025 
 
 from __future__ import annotations
 
-from . import kernels
+from . import forms, kernels
 from .kernels import Kernel
 
 # dtype of both operands -> (widening multiply, pairwise add long, product vector dtype)
@@ -68,7 +68,7 @@ def _widening_setup(kernel: Kernel):
         raise ValueError(f"{kernel.name} is not an Armv8.0 widening kernel")
     if kernel.a_dtype != kernel.b_dtype:
         raise ValueError(f"{kernel.name}: smull/umull need operands of one signedness")
-    kernels.check_shape(kernel, ROWS, _LANES, kernel.kr if kernel.kr in DEPTHS else 2 * _HALF)
+    forms.check_shape(kernel, ROWS, _LANES, kernel.kr if kernel.kr in DEPTHS else 2 * _HALF)
     mull, addlp, prod_dtype = WIDENING[kernel.a_dtype]
     return (mull, addlp, prod_dtype, kernel.mr, kernel.nr, kernel.kr,
             f"{kernel.a_dtype}x{_HALF}", f"int32x{_LANES}")
@@ -104,11 +104,11 @@ def impl(kernel: Kernel):
             T.buffer_store(C, C.vload([i, 0], f"{kernel.acc_dtype}x{nr}") + row,
                            [i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl(kernel, emit)
+    return forms.build_impl(kernel, emit)
 
 
 def impl_k_loop(kernel: Kernel, k_blocks: int):
-    """The Armv8.0 kernel over a whole K loop of ``k_blocks`` blocks (``kernels.desc_k_loop``).
+    """The Armv8.0 kernel over a whole K loop of ``k_blocks`` blocks (``forms.desc_k_loop``).
 
     The 16 partial-sum vectors S_ij (one int32x4 per row i and column j of C) stay in
     registers across K: each K step is only the 32 widening multiplies and 32 pairwise
@@ -162,18 +162,12 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
             T.buffer_store(C, C.vload([i, 0], f"{kernel.acc_dtype}x{nr}") + row,
                            [i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl_k_loop(kernel, k_blocks, emit)
+    return forms.build_impl_k_loop(kernel, k_blocks, emit)
 
 
-def supports_direct(kernel: Kernel) -> bool:
-    """Whether ``kernel`` has a direct-read form (``impl_direct``): the int8 kernel, the
-    one the int8 convolutions use and the device tests cover."""
-    return kernel in KERNELS and (kernel.a_dtype, kernel.b_dtype) == ("int8", "int8")
-
-
-def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
-    """The whole-K kernel (``impl_k_loop``) with A read in place (``kernels.desc_direct``):
-    its rows are runs of the input as ``window`` says (``kernels.DirectWindow``), not a
+def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
+    """The whole-K kernel (``impl_k_loop``) with A read in place (``forms.desc_direct``):
+    its rows are runs of the input as ``window`` says (``forms.DirectWindow``), not a
     packed block. The packed A block of this kernel is four rows of 16 consecutive K
     bytes, which is exactly what 16 bytes of an input row already are: reading A in place
     changes only the address of each row's load, not a single instruction.
@@ -190,7 +184,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
     from tvm import tirx
     from tvm.script import tirx as T
 
-    if not supports_direct(kernel):
+    if kernels.DIRECT not in kernel.forms:
         raise ValueError(f"{kernel.name} has no direct-read form (int8 smull/sadalp only)")
     mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
     products = f"{prod_dtype}x{_HALF}"
@@ -228,7 +222,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
                                     partial, s_tij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
                                     [tirx.Ramp(at(t, i, j), 1, _LANES)])
 
-        kernels.for_each_run(window, run)
+        forms.for_each_run(window, run)
         for t in range(n_tiles):
             for i in range(mr):
                 s = [partial.vload([at(t, i, j)], acc) for j in range(nr)]
@@ -238,4 +232,7 @@ def impl_direct(kernel: Kernel, window: kernels.DirectWindow, n_tiles: int):
                 T.buffer_store(C, C.vload([t, i, 0], f"{kernel.acc_dtype}x{nr}") + row,
                                [t, i, tirx.Ramp(0, 1, nr)])
 
-    return kernels.build_impl_direct(kernel, window, n_tiles, emit)
+    return forms.build_impl_direct(kernel, window, n_tiles, emit)
+
+
+IMPLEMENTS = forms.Implementation(block=impl, k_loop=impl_k_loop, direct=impl_direct)

@@ -30,8 +30,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from .conv2d_gemm import (Conv2DShape, GemmKnobs, _largest_divisor, im2col_packed_te,
-                          pack_weights, packed_gemm_te, schedule_conv2d_gemm)
+from .gemm_compute import im2col_packed_te, packed_gemm_te
+from .gemm_layout import pack_weights
+from .gemm_plan import GemmPlan
+from .gemm_schedule import schedule_conv2d_gemm
+from .tir_util import largest_divisor
 
 OP = "conv2d_bf16"
 ACC_DTYPE = "float32"
@@ -92,12 +95,13 @@ def fp32_to_bf16_expr(value):
     return tirx.reinterpret(BF16, tirx.Select(nan, quiet, rounded).astype("uint16"))
 
 
-def conv2d_bf16_te(shape: Conv2DShape, mr_nr_kr, *, act_range=None):
-    """TE tensors of the bf16 conv2d: (data, B_packed, bias, output).
+def conv2d_bf16_te(plan: GemmPlan, *, act_range=None):
+    """TE tensors of the bf16 conv2d of ``plan`` (``gemm_plan.plan`` with a bf16 kernel):
+    (data, B_packed, bias, output).
 
     Inputs: data fp32 NHWC, B_packed bf16 (``pack_weights_bf16``), bias fp32 [out_c]
     (zeros for a layer without one). Output: fp32 NHWC viewed as
-    [batch * out_h * out_w, groups, out_c / groups], as in ``conv2d_gemm_te``.
+    [batch * out_h * out_w, groups, out_c / groups], as in ``gemm_compute.conv2d_gemm_te``.
     ``act_range`` = (lo, hi) clamps the output (fused ReLU / ReLU6; either side None:
     unbounded); None: no clamp.
     Stages, by name: ``data_bf16`` (the rounding, once per input element; for a 1x1 kernel
@@ -106,19 +110,21 @@ def conv2d_bf16_te(shape: Conv2DShape, mr_nr_kr, *, act_range=None):
     """
     from tvm import te, tirx
 
+    mr_nr_kr = plan.main.tile
     _, nr, kr = mr_nr_kr
-    s, G = shape, shape.groups
+    s, G = plan.shape, plan.shape.groups
+    copy = dict(copy=plan.input_copy, rows_layout=plan.rows_copy)
     nb, kb = -(-s.gemm_n // nr), s.packed_k(kr, BF16) // kr
     data = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), "float32", "data")
     b_packed = te.placeholder((G, nb, kb, nr, kr), BF16, "B_packed")
     bias = te.placeholder((s.out_c,), ACC_DTYPE, "bias")
     if s.kh * s.kw == 1:  # each input element is read at most once: round it as it is packed
         a_packed = im2col_packed_te(s, mr_nr_kr, data, tirx.const(0.0, "float32"),
-                                    convert=fp32_to_bf16_expr)
+                                    convert=fp32_to_bf16_expr, **copy)
     else:  # rounded once per input element, not once per im2col copy (a 3x3 has 9)
         data_bf16 = te.compute(data.shape, lambda *i: fp32_to_bf16_expr(data[i]),
                                name=ROUNDING_STAGE)
-        a_packed = im2col_packed_te(s, mr_nr_kr, data_bf16, tirx.const(0, BF16))
+        a_packed = im2col_packed_te(s, mr_nr_kr, data_bf16, tirx.const(0, BF16), **copy)
     acc = packed_gemm_te(a_packed, b_packed, ACC_DTYPE)
     mr = mr_nr_kr[0]
     lo, hi = act_range if act_range is not None else (None, None)
@@ -136,29 +142,30 @@ def conv2d_bf16_te(shape: Conv2DShape, mr_nr_kr, *, act_range=None):
     return data, b_packed, bias, out
 
 
-def conv2d_bf16_func(shape: Conv2DShape, mr_nr_kr, *, act_range=None):
-    """The bf16 conv2d as one TIR PrimFunc, unscheduled; signature
+def conv2d_bf16_func(plan: GemmPlan, *, act_range=None):
+    """The bf16 conv2d of ``plan`` as one TIR PrimFunc, unscheduled; signature
     ``(data, B_packed, bias, output)`` as in ``conv2d_bf16_te``."""
     from tvm import te
 
-    return te.create_prim_func(list(conv2d_bf16_te(shape, mr_nr_kr, act_range=act_range)))
+    return te.create_prim_func(list(conv2d_bf16_te(plan, act_range=act_range)))
 
 
-def schedule_conv2d_bf16(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs()):
-    """Schedule ``conv2d_bf16_func``: ``schedule_conv2d_gemm``'s loop nest (macro tiles of
-    ``knobs``, epilogue where the tile is computed, the block tensorized with ``kernel``),
-    plus the input rounding stage: vectorized, rows in parallel; inlined into the packing
-    for a 1x1 kernel, which reads each input element at most once.
+def schedule_conv2d_bf16(func, plan: GemmPlan, target=None):
+    """Schedule ``conv2d_bf16_func(plan)``: ``schedule_conv2d_gemm``'s loop nest (the
+    plan's macro tiles, epilogue where the tile is computed, the block tensorized with its
+    kernel), plus the input rounding stage: vectorized, rows in parallel; inlined into the
+    packing for a 1x1 kernel, which reads each input element at most once.
 
-    ``kernel`` is a bf16 record of ``tvm_armq.intrinsics.kernels`` (``kernels.select(target,
-    "bfloat16", "bfloat16")``) whose (mr, nr, kr) the func was built with. Raises
-    ``MissingTargetFeature`` (naming the kernel and the target) when the target lacks its
-    instruction (bfmmla needs +bf16).
+    The plan's kernel is a bf16 record of ``tvm_armq.intrinsics.kernels``
+    (``kernels.select(target, "bfloat16", "bfloat16")``). Raises ``MissingTargetFeature``
+    (naming the kernel and the target) when the target lacks its instruction (bfmmla
+    needs +bf16).
     """
     from tvm import s_tir
 
     from tvm_armq.intrinsics import kernels
 
+    kernel = plan.kernel
     if (kernel.a_dtype, kernel.b_dtype, kernel.acc_dtype) != (BF16, BF16, ACC_DTYPE):
         raise ValueError(f"{OP}: kernel {kernel.name} multiplies {kernel.a_dtype} by "
                          f"{kernel.b_dtype}; the bf16 conv2d needs a bfloat16 x bfloat16 -> "
@@ -171,16 +178,12 @@ def schedule_conv2d_bf16(func, kernel, target=None, knobs: GemmKnobs = GemmKnobs
         kernels.require(kernel, target)  # before any work: the error names kernel and target
 
     sch = s_tir.Schedule(func)
-    try:
-        rounding = sch.get_sblock(ROUNDING_STAGE)
-    except s_tir.ScheduleError:  # 1x1: rounded inside A_packed
-        rounding = None
-    if rounding is not None:
-        fused = sch.fuse(*sch.get_loops(rounding))
+    if plan.shape.kh * plan.shape.kw != 1:  # a 1x1 kernel is rounded inside A_packed
+        fused = sch.fuse(*sch.get_loops(sch.get_sblock(ROUNDING_STAGE)))
         # One fp32 register of elements per step; its rows of registers in parallel.
-        lanes = _largest_divisor(sch.get(fused).extent.value, NEON_FP32_LANES)
+        lanes = largest_divisor(sch.get(fused).extent.value, NEON_FP32_LANES)
         outer, inner = sch.split(fused, [None, lanes])
         sch.vectorize(inner)
-        if knobs.parallel:
+        if plan.parallel:
             sch.parallel(outer)
-    return schedule_conv2d_gemm(sch.mod["main"], kernel, target, knobs)
+    return schedule_conv2d_gemm(sch.mod["main"], plan, target)

@@ -8,14 +8,14 @@ output pixel m and output channel n of a group (K = kh * kw * in_c / groups),
         = sum_k a*w  -  zp_w * sum_k a[m, k]  -  zp_a * sum_k (w[k, n] - zp_w)  +  bias[n]
           ---------     -------------------     --------------------------------------
           the GEMM,     per pixel: row_sum,     per channel, a constant of the layer:
-          raw u8 x u8   one small PrimFunc      ``conv2d_gemm.fold_bias(.., w_zp=zp_w)``
+          raw u8 x u8   one small PrimFunc      ``gemm_layout.fold_bias(.., w_zp=zp_w)``
 
 (padded pixels hold zp_a, in the GEMM's A and in the row sums alike, so they add nothing).
 The GEMM runs raw uint8 x uint8 on the ``gemm_u8u8s32_*`` kernels (ummla at i8mm, udot at
 dotprod, umull + uadalp at neon: ``kernels.select(target, "uint8", "uint8")``) and its
 epilogue subtracts ``zp_w * row_sum[m, g]`` before the requantization
-(``conv2d_gemm_func(..., in_dtype="uint8", out_dtype="uint8", w_zp=zp_w)``, whose last
-input is ``row_sum``). With zp_w = 0 there is no row sum and no extra input.
+(``gemm_compute.conv2d_gemm_func(plan, in_dtype="uint8", out_dtype="uint8", w_zp=zp_w)``,
+whose last input is ``row_sum``). With zp_w = 0 there is no row sum and no extra input.
 
 Row sums, computed per inference by ``row_sums_func`` (a box sum, not a GEMM):
 
@@ -33,7 +33,7 @@ plus the bias, so nothing wraps.
 
 from __future__ import annotations
 
-from .conv2d_gemm import Conv2DShape
+from .gemm_layout import Conv2DShape
 
 OP = "conv2d_u8"
 ACC_DTYPE = "int32"
@@ -71,7 +71,7 @@ def row_sums_te(shape: Conv2DShape, *, in_zp: int, in_dtype: str = "uint8"):
 
 def row_sums_func(shape: Conv2DShape, *, in_zp: int, in_dtype: str = "uint8"):
     """The row sums as one TIR PrimFunc ``(data, row_sum)``, unscheduled: the extra input
-    of ``conv2d_gemm_func(..., w_zp=...)`` for the same shape and input."""
+    of ``gemm_compute.conv2d_gemm_func(plan, w_zp=...)`` for the same shape and input."""
     from tvm import te
 
     return te.create_prim_func(list(row_sums_te(shape, in_zp=in_zp, in_dtype=in_dtype)))

@@ -15,7 +15,7 @@ lanes and keeps the kh * kw taps unrolled in registers.
 Arithmetic, and why it is exact
 -------------------------------
 ``x - zp_in`` ranges over [-255, 255] and does not fit int8, so the zero point is folded
-into the bias, as ``conv2d_gemm.fold_bias`` does (``fold_bias`` here):
+into the bias, as ``gemm_layout.fold_bias`` does (``fold_bias`` here):
 
     acc = sum_taps x * w  +  (bias - zp_in * sum_taps w)          (bias_folded, per channel)
 

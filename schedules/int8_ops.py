@@ -408,7 +408,9 @@ def elementwise_schedule(func):
     return sch.mod["main"]
 
 
-def _finish(tensors, schedule, scheduler):
+def finish_func(tensors, schedule, scheduler):
+    """The PrimFunc of TE ``tensors`` (inputs, then outputs), scheduled by ``scheduler``
+    if ``schedule`` (the unscheduled func otherwise): every elementwise op's last step."""
     from tvm import te
 
     func = te.create_prim_func(list(tensors))
@@ -448,7 +450,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
                            *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
-    return _finish((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
+    return finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
 
 
 def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
@@ -471,7 +473,7 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         return _clamp_cast(r, *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
-    return _finish((a, b, out), schedule, elementwise_schedule)
+    return finish_func((a, b, out), schedule, elementwise_schedule)
 
 
 def prelu_func(x_shape, alpha_shape, x_q, alpha_q, out_q, dtype: str = "int8", *,
@@ -497,7 +499,7 @@ def prelu_func(x_shape, alpha_shape, x_q, alpha_q, out_q, dtype: str = "int8", *
         return _clamp_cast(r + p.out_zp, int(info.min), int(info.max), dtype)
 
     out = te.compute(tuple(x_shape), element, name="prelu")
-    return _finish((x, alpha, out), schedule, elementwise_schedule)
+    return finish_func((x, alpha, out), schedule, elementwise_schedule)
 
 
 def min_max_func(op: str, a_shape, b_shape, out_shape, dtype: str = "int8", *,
@@ -517,7 +519,7 @@ def min_max_func(op: str, a_shape, b_shape, out_shape, dtype: str = "int8", *,
                      lambda *i: pick(a[tuple(_broadcast_index(a_shape, out_shape, i))],
                                      b[tuple(_broadcast_index(b_shape, out_shape, i))]),
                      name=op)
-    return _finish((a, b, out), schedule, elementwise_schedule)
+    return finish_func((a, b, out), schedule, elementwise_schedule)
 
 
 # ----------------------------------------------------------------------------- requantize
@@ -540,7 +542,7 @@ def requantize_func(shape, in_q, out_q, in_dtype: str = "int8", out_dtype: str =
         return _clamp_cast(r, int(info.min), int(info.max), out_dtype)
 
     out = te.compute(tuple(shape), element, name="requantize")
-    return _finish((x, out), schedule, elementwise_schedule)
+    return finish_func((x, out), schedule, elementwise_schedule)
 
 
 # ----------------------------------------------------------------------------- CONCATENATION
@@ -643,7 +645,7 @@ def mean_func(in_shape, axes, keepdims: bool, in_q, out_q, dtype: str = "int8", 
 
     out = te.compute(out_shape, element, name="mean")
     last_kept = bool(kept) and kept[-1] == len(in_shape) - 1
-    return _finish((x, out), schedule, lambda f: _schedule_mean(f, last_kept))
+    return finish_func((x, out), schedule, lambda f: _schedule_mean(f, last_kept))
 
 
 def _schedule_mean(func, channels_kept: bool):
@@ -780,7 +782,7 @@ def avg_pool_func(in_shape, pool, strides, padding, act_range=None, dtype: str =
         return _clamp_cast(_rounded_average(acc[b, y, xo, ch], count, kh * kw), lo, hi, dtype)
 
     out = te.compute((n, oh, ow, c), element, name="avg_pool")
-    return _finish((x, out), schedule, _schedule_pool)
+    return finish_func((x, out), schedule, _schedule_pool)
 
 
 def _schedule_pool(func):
@@ -912,7 +914,7 @@ def softmax_func(shape, in_q, beta: float = 1.0, dtype: str = "int8", *,
         return _clamp_cast(v, int(info.min), int(info.max), dtype)
 
     out = te.compute(shape, element, name="softmax")
-    return _finish((x, table, out), schedule, _schedule_softmax), table_np
+    return finish_func((x, table, out), schedule, _schedule_softmax), table_np
 
 
 def _schedule_softmax(func):

@@ -114,7 +114,7 @@ def resize_bilinear_func(in_shape, out_hw, dtype: str = "int8", *, schedule: boo
     ``bilinear_table`` for the output's rows and columns."""
     from tvm import te, tirx
 
-    from .int8_ops import _finish, elementwise_schedule
+    from .int8_ops import finish_func, elementwise_schedule
 
     n, _, _, c = in_shape
     out_h, out_w = out_hw
@@ -138,7 +138,7 @@ def resize_bilinear_func(in_shape, out_hw, dtype: str = "int8", *, schedule: boo
         return rounded.astype(dtype)
 
     out = te.compute((n, out_h, out_w, c), element, name="resize_bilinear")
-    return _finish((x, ty, tx, out), schedule, elementwise_schedule)
+    return finish_func((x, ty, tx, out), schedule, elementwise_schedule)
 
 
 def resize_nearest_func(in_shape, out_hw, dtype: str = "int8", *, schedule: bool = True):
@@ -146,7 +146,7 @@ def resize_nearest_func(in_shape, out_hw, dtype: str = "int8", *, schedule: bool
     ``nearest_table`` for the output's rows and columns."""
     from tvm import te
 
-    from .int8_ops import _finish, elementwise_schedule
+    from .int8_ops import finish_func, elementwise_schedule
 
     n, _, _, c = in_shape
     out_h, out_w = out_hw
@@ -155,4 +155,4 @@ def resize_nearest_func(in_shape, out_hw, dtype: str = "int8", *, schedule: bool
     tx = te.placeholder((out_w,), "int32", "table_x")
     out = te.compute((n, out_h, out_w, c), lambda b, i, j, ch: x[b, ty[i], tx[j], ch],
                      name="resize_nearest")
-    return _finish((x, ty, tx, out), schedule, elementwise_schedule)
+    return finish_func((x, ty, tx, out), schedule, elementwise_schedule)

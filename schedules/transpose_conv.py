@@ -98,7 +98,7 @@ def zero_insert_func(in_shape, geom: TransposeConvGeometry, zp: int, dtype: str 
     decided by its row and column alone; the channel axis is the vector axis."""
     from tvm import te, tirx
 
-    from .int8_ops import _finish, elementwise_schedule
+    from .int8_ops import finish_func, elementwise_schedule
 
     n, h, w, c = in_shape
     (oy, ox), (ph, pw) = geom.offset, geom.padded_hw
@@ -117,4 +117,4 @@ def zero_insert_func(in_shape, geom: TransposeConvGeometry, zp: int, dtype: str 
         return tirx.Select(inside, src, tirx.const(zp, dtype))
 
     p = te.compute((n, ph, pw, c), pixel, name="zero_insert")
-    return _finish((x, p), schedule, elementwise_schedule)
+    return finish_func((x, p), schedule, elementwise_schedule)

@@ -6,10 +6,10 @@ default the biggest nets) in the same way and also says how long each step took 
 with ``--diff``, where a model that differs starts to differ. For each model and level
 it compiles the model with ``build.compile_tflite`` (keeping the compile report),
 exports it, runs it on an emulated device of that level started for the run, and
-compares every output with TFLite's reference kernels (``BUILTIN_REF``) for each seed. A comparison counts only if
-TFLite's output really varies (``armq_checks.assert_alive``, the tests' own guard). A
-model passes when every output element is equal and no quantized layer stayed float
-(no ``integrate.Fallback`` record).
+compares every output with TFLite's reference kernels (``BUILTIN_REF``) for each seed. A
+comparison counts only if TFLite's output really varies (``armq_checks.assert_alive``, the
+tests' own guard). A model passes when every output element is equal and no quantized layer
+stayed float (no ``report.Fallback`` record).
 
     python scripts/check_big_nets.py                          # big nets, all levels
     python scripts/check_big_nets.py --models ds_cnn --isa neon
@@ -35,9 +35,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))  # armq_checks: the liveness guard the tests use
 
 from armq_checks import assert_alive  # noqa: E402
-from tvm_armq import build, device, integrate, layer_diff, zoo  # noqa: E402
+from tvm_armq import build, device, export, layer_diff, zoo  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
 from tvm_armq.tflite_model import TFLiteModel  # noqa: E402
+from tvm_armq.report import Fallback  # noqa: E402
 
 # The zoo's biggest nets (most layers, or the largest input: InceptionV3's 299x299).
 BIG_NETS = ["xception", "densenet169", "inception_v3"]
@@ -49,7 +50,7 @@ def check(model: TFLiteModel, level: str, session, tmp: Path, name: str) -> dict
     report: list = []
     t0 = time.perf_counter()
     exe = build.compile_tflite(model, level, report=report)
-    lib = build.export_aarch64(exe, tmp / f"{name.replace('.', '_')}-{level}.so")
+    lib = export.export_aarch64(exe, tmp / f"{name.replace('.', '_')}-{level}.so")
     compile_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     run = build.DeviceModel(session, lib)
@@ -71,7 +72,7 @@ def check(model: TFLiteModel, level: str, session, tmp: Path, name: str) -> dict
                 dead.append(str(err))
             d = np.abs(g.astype(np.int32) - e.astype(np.int32))
             worst, differ = max(worst, int(d.max())), differ + int((d > 0).sum())
-    fallbacks = [r.line() for r in report if isinstance(r, integrate.Fallback)]
+    fallbacks = [r.line() for r in report if isinstance(r, Fallback)]
     return {"compile_s": compile_s, "load_s": load_s, "run_s": max(run_s),
             "max_diff": worst, "differ": differ, "fallbacks": fallbacks, "dead": dead,
             "layers": len(report)}

@@ -2,7 +2,8 @@
 """Fingerprints of the scheduled TIR of every kernel of zoo models, to prove a refactoring
 changed no generated code.
 
-For each model and ISA level (a float model: bf16 at the i8mm level) the model is imported and lowered by tvm_armq's passes
+For each model and ISA level (a float model: bf16 at the i8mm level) the model is imported
+and lowered by tvm_armq's passes
 (``build.lower``: every quantized layer becomes a scheduled, tensorized PrimFunc, as
 ``tvm.compile`` would get it), and each PrimFunc's TVMScript text is hashed. Nothing is
 compiled by LLVM or run, so this takes seconds per model, not minutes.
@@ -24,7 +25,7 @@ import json
 import sys
 from pathlib import Path
 
-from tvm_armq import build, zoo
+from tvm_armq import build, targets, tflite_import, zoo
 from tvm_armq.targets import LEVELS
 
 
@@ -38,8 +39,8 @@ def fingerprints(model: str, mode: str) -> dict[str, str]:
     import tvm
 
     level, precision = ("i8mm", "bf16") if mode == BF16 else (mode, "int8")
-    mod = build.lower(build.import_tflite(str(zoo.build(model))),
-                      build.resolve_target(level), precision=precision)
+    mod = build.lower(tflite_import.import_tflite(str(zoo.build(model))),
+                      targets.resolve(level), precision=precision)
     out = {}
     for gv, func in mod.functions.items():
         if isinstance(func, tvm.tirx.PrimFunc):

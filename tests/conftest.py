@@ -17,6 +17,7 @@ import os
 import pytest
 
 from tvm_armq import device as dev_mod
+from tvm_armq import targets
 from tvm_armq.targets import LEVELS
 
 
@@ -84,12 +85,12 @@ def run_funcs(devices):
     import numpy as np
     import tvm
 
-    from tvm_armq import build
+    from tvm_armq import export
 
     def run(level, funcs, calls, path):
         named = {name: f.with_attr("global_symbol", name) for name, f in funcs.items()}
-        ex = tvm.compile(tvm.IRModule(named), target=build.resolve_target(level))
-        lib = build.export_aarch64(ex, path)
+        ex = tvm.compile(tvm.IRModule(named), target=targets.resolve(level))
+        lib = export.export_aarch64(ex, path)
         sess = devices.session(level)
         sess.upload(str(lib))
         rlib, dev = sess.load_module(lib.name), sess.cpu(0)

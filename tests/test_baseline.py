@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from armq_checks import output_pairs
 
-from tvm_armq import build, hooks, zoo
+from tvm_armq import build, export, hooks, targets, tflite_import, zoo
 from tvm_armq.tflite_model import TFLiteModel
 
 pytestmark = pytest.mark.device
@@ -97,9 +97,9 @@ def test_stock_tvm_matches_tflite(devices, level, name, zoo_model, tmp_path, rep
     expected = model.reference_outputs(inputs)
     import tvm
 
-    exe = tvm.compile(build.import_tflite(model), target=build.resolve_target(level),
+    exe = tvm.compile(tflite_import.import_tflite(model), target=targets.resolve(level),
                       relax_pipeline=hooks.stock_pipeline())
-    lib = build.export_aarch64(exe, tmp_path / "model.so")
+    lib = export.export_aarch64(exe, tmp_path / "model.so")
     got = build.run_on_device(devices.session(level), lib, inputs)
 
     bound = BOUNDS.get(name, ONE_OP)

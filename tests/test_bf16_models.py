@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_armq import build, integrate, zoo
+from tvm_armq import build, export, targets, tflite_import, zoo
 from tvm_armq.intrinsics import kernels
 from tvm_armq.schedules import conv2d_bf16 as cb
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.window import same_padding
 from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.report import Fallback, Lowered
 
 pytestmark = pytest.mark.device
 
@@ -199,7 +200,7 @@ def runs(devices, tmp_path_factory):
         if name == NET:
             asm = "".join(m.inspect_source("asm") for m in ex.mod.imports)  # the VM's kernels
             assert "\tbfmmla\t" in asm, "no bfmmla in the net's code"
-        built[name] = (model, report, build.export_aarch64(ex, tmp / f"{name}.so"))
+        built[name] = (model, report, export.export_aarch64(ex, tmp / f"{name}.so"))
     session = devices.session(LEVEL)
     out = {}
     for name, (model, report, lib) in built.items():
@@ -224,7 +225,7 @@ def test_single_layer_is_bit_exact(runs, name, report):
     bf16 rounding bound of TFLite's fp32 result (so the layer read from the file and the
     semantics are TFLite's)."""
     model, records, results = runs[name]
-    assert [type(r) for r in records] == [integrate.Lowered]
+    assert [type(r) for r in records] == [Lowered]
     assert records[0].kernel == kernels.GEMM_BF16BF16F32_2X2X4_BF16
     layer = _TFLiteGraph(model.path).only_gemm_layer()
     for seed, ((x,), (got,), (tfl,)) in zip(SEEDS, results):
@@ -287,8 +288,8 @@ def test_mobilenet_matches_the_bf16_model_and_tflite(runs, report):
 def test_every_conv_and_dense_of_the_net_is_bf16(runs):
     model, records, _ = runs[NET]
     g = _TFLiteGraph(model.path)
-    lowered = [r for r in records if isinstance(r, integrate.Lowered)]
-    fallbacks = [r for r in records if isinstance(r, integrate.Fallback)]
+    lowered = [r for r in records if isinstance(r, Lowered)]
+    fallbacks = [r for r in records if isinstance(r, Fallback)]
     assert len(lowered) == g.op_counts("CONV_2D", "FULLY_CONNECTED") > 10
     assert all(r.kernel == kernels.GEMM_BF16BF16F32_2X2X4_BF16 for r in lowered)
     assert len(fallbacks) == g.op_counts("DEPTHWISE_CONV_2D") > 10
@@ -301,14 +302,14 @@ def test_bf16_needs_the_bf16_extension(level):
     target and the level to use; the pass itself, asked anyway, names the kernel too."""
     from tvm_armq import integrate_bf16
 
-    target = build.resolve_target(level)
+    target = targets.resolve(level)
     model = zoo.build("conv2d_3x3_f32")
     with pytest.raises(build.MissingFeature) as err:
         build.compile_tflite(model, level, precision="bf16")
     msg = str(err.value)
-    assert "+bf16" in msg and build.describe_target(target) in msg and "--isa i8mm" in msg
+    assert "+bf16" in msg and targets.describe(target) in msg and "--isa i8mm" in msg
     with target, pytest.raises(kernels.MissingTargetFeature) as err:
-        integrate_bf16.float_to_bf16(target, report=[])(build.import_tflite(model))
+        integrate_bf16.float_to_bf16(target, report=[])(tflite_import.import_tflite(model))
     msg = str(err.value)
     assert kernels.GEMM_BF16BF16F32_2X2X4_BF16 in msg and "+bf16" in msg
-    assert str(kernels.as_target(target)) in msg
+    assert str(targets.resolve(target)) in msg

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_armq import cli, device, tuning
+from tvm_armq import cli, device, tflite_import, tuning
 
 # Exit statuses, as cli.EXIT_CODES assigns them.
 USAGE, MODEL, UNSUPPORTED, TARGET, DEVICE, DATABASE, OUTPUT, DIFFER, TRIALS_FAILED = range(2, 11)
@@ -131,6 +131,7 @@ def models(tmp_path_factory):
 # ------------------------------------------------------------------ bad model files
 @pytest.mark.parametrize("kind", ["truncated", "flipped"])
 @pytest.mark.parametrize("command", ["compile", "inspect", "run", "tune"])
+
 def test_corrupt_model_is_rejected_by_tflites_verifier(models, kind, command, tmp_path):
     before = digest(models[kind])
     extra = {"compile": ["-o", tmp_path / "m.so"], "tune": ["--work-dir", tmp_path / "w"]}
@@ -192,9 +193,8 @@ def test_model_tflite_itself_cannot_load(tmp_path):
 
 def test_int16x8_model_in_python(models):
     import tvm_armq
-    from tvm_armq import build
 
-    with pytest.raises(build.UnsupportedModel, match="is int16"):
+    with pytest.raises(tflite_import.UnsupportedModel, match="is int16"):
         tvm_armq.compile_tflite(models["int16"], "i8mm")
 
 
@@ -585,3 +585,16 @@ def test_tuning_failures_mismatched_database_and_per_trial_progress(models, tmp_
     res = tvm_armq("compile", models["int8"], "--isa", "neon", "--tuning", neon_db,
                    "-o", tmp_path / "m.so")
     assert res.returncode == 0, res.stderr
+
+
+def test_every_exit_code_names_a_class_that_exists():
+    """``cli.EXIT_CODES`` names its exception classes as strings (the CLI imports TVM
+    lazily): each must be a class in an importable module, or a moved class would fall
+    through to exit status 1 unnoticed."""
+    import importlib
+
+    for code, names in cli.EXIT_CODES:
+        for name in names:
+            module, cls = name.split(":")
+            found = getattr(importlib.import_module(module), cls, None)
+            assert isinstance(found, type) and issubclass(found, BaseException), (code, name)

@@ -18,22 +18,24 @@ import re
 import numpy as np
 import pytest
 
-from tvm_armq import build
+from tvm_armq import export, targets
 from tvm_armq.intrinsics import kernels
 from tvm_armq.schedules import conv2d_bf16 as cb
-from tvm_armq.schedules import conv2d_gemm as cg
+from tvm_armq.schedules import gemm_plan
+from tvm_armq.schedules.gemm_layout import Conv2DShape
+from tvm_armq.schedules.gemm_plan import GemmKnobs
 from tvm_armq.schedules import reference as ref
 
 pytestmark = pytest.mark.device
 
 LEVEL = "i8mm"  # the only ISA level whose target has +bf16
-S = cg.Conv2DShape
+S = Conv2DShape
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    shape: cg.Conv2DShape
+    shape: Conv2DShape
     act_range: tuple | None = None
 
 
@@ -54,7 +56,7 @@ CASES = [
 ]
 # The scalar reference kernel (fp32 multiply-add in K order) on a few of the same cases.
 REFERENCE_CASES = ("k_above_block_relu6", "3x3_stride2_batch2", "groups2_3x3")
-KNOBS = cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
+KNOBS = GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
 CONVERT = "convert_fp32_bf16"  # a PrimFunc of the activation rounding alone
 
 
@@ -175,9 +177,10 @@ def test_bfmmla_model_matches_the_exact_model():
 def test_errors_name_the_op():
     int8 = kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM)
     bf16 = kernels.get(kernels.GEMM_BF16BF16F32_2X2X4_BF16)
-    func = cb.conv2d_bf16_func(S(1, 4, 4, 4, 4, 1, 1), _tile(bf16))
+    func = cb.conv2d_bf16_func(gemm_plan.plan(S(1, 4, 4, 4, 4, 1, 1), bf16))
     with pytest.raises(ValueError, match="conv2d_bf16.*gemm_s8s8s32_2x2x8_i8mm"):
-        cb.schedule_conv2d_bf16(func, int8, build.resolve_target(LEVEL))
+        cb.schedule_conv2d_bf16(func, gemm_plan.plan(S(1, 4, 4, 4, 4, 1, 1), int8),
+                                targets.resolve(LEVEL))
     with pytest.raises(TypeError, match="conv2d_bf16.*float32"):
         cb.pack_weights_bf16(np.zeros((1, 1, 4, 4), np.float64), _tile(bf16))
 
@@ -187,12 +190,13 @@ def test_bfmmla_needs_bf16(level):
     """Below i8mm the targets have no +bf16: scheduling with bfmmla is a
     MissingTargetFeature naming the kernel and the target, before LLVM sees anything."""
     kernel = kernels.get(kernels.GEMM_BF16BF16F32_2X2X4_BF16)
-    target = build.resolve_target(level)
-    func = cb.conv2d_bf16_func(S(1, 4, 4, 8, 4, 3, 3), _tile(kernel))
+    target = targets.resolve(level)
+    plan = gemm_plan.plan(S(1, 4, 4, 8, 4, 3, 3), kernel, knobs=KNOBS)
+    func = cb.conv2d_bf16_func(plan)
     with pytest.raises(kernels.MissingTargetFeature) as err:
-        cb.schedule_conv2d_bf16(func, kernel, target, KNOBS)
+        cb.schedule_conv2d_bf16(func, plan, target)
     msg = str(err.value)
-    assert kernel.name in msg and str(kernels.as_target(target)) in msg and "+bf16" in msg
+    assert kernel.name in msg and str(targets.resolve(target)) in msg and "+bf16" in msg
     assert kernels.select(target, "bfloat16", "bfloat16").intrin is None  # the fallback
 
 
@@ -202,7 +206,7 @@ def test_conv2d_bf16_on_device(devices, tmp_path, report):
     activation rounding alone on special bit patterns, bit-exact on the i8mm device."""
     import tvm
 
-    target = build.resolve_target(LEVEL)
+    target = targets.resolve(LEVEL)
     kernel = kernels.select(target, "bfloat16", "bfloat16")
     assert kernel.name == kernels.GEMM_BF16BF16F32_2X2X4_BF16
     scalar = kernels.get(kernels.GEMM_BF16BF16F32_1X1X1_REF)
@@ -211,9 +215,10 @@ def test_conv2d_bf16_on_device(devices, tmp_path, report):
         for k, suffix in ((kernel, ""), (scalar, "__ref")):
             if k is scalar and case.name not in REFERENCE_CASES:
                 continue
-            f = cb.conv2d_bf16_func(case.shape, _tile(k), act_range=case.act_range)
+            plan = gemm_plan.plan(case.shape, k, knobs=KNOBS)
+            f = cb.conv2d_bf16_func(plan, act_range=case.act_range)
             name = case.name + suffix
-            funcs[name] = cb.schedule_conv2d_bf16(f, k, target, KNOBS).with_attr(
+            funcs[name] = cb.schedule_conv2d_bf16(f, plan, target).with_attr(
                 "global_symbol", name)
             args, inputs = _case_data(case, i, k)
             matmul = ref.bfmmla_matmul if k is kernel else fp32_sequential_matmul
@@ -221,7 +226,7 @@ def test_conv2d_bf16_on_device(devices, tmp_path, report):
     ex = tvm.compile(tvm.IRModule(funcs), target=target)
     asm = ex.mod.inspect_source("asm")
     assert re.search(r"\tbfmmla\tv\d+\.4s, v\d+\.8h, v\d+\.8h\n", asm), "no bfmmla in the code"
-    lib = build.export_aarch64(ex, tmp_path / "conv_bf16.so")
+    lib = export.export_aarch64(ex, tmp_path / "conv_bf16.so")
     sess = devices.session(LEVEL)
     sess.upload(str(lib))
     rlib = sess.load_module(lib.name)

@@ -1,7 +1,7 @@
 """uint8 conv2d / dense with asymmetric weights (legacy uint8 TFLite), bit-exact at every level.
 
 Each case is two PrimFuncs of one module per level: the row sums (``conv2d_u8``) and the
-uint8 GEMM whose epilogue subtracts zp_w * row_sum (``conv2d_gemm_func(..., w_zp=...)``),
+uint8 GEMM whose epilogue subtracts zp_w * row_sum (``conv2d_gemm_func(plan, w_zp=...)``),
 on the level's best u8 x u8 kernel (umull + uadalp, udot, ummla). The result is compared
 exactly with TFLite's uint8 arithmetic in NumPy (``reference.conv2d_nhwc`` with
 ``w_zp``, then the per-tensor requantization), and the row sums with im2col row sums.
@@ -16,22 +16,24 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tvm_armq import build
+from tvm_armq import targets
 from tvm_armq.intrinsics import kernels, requant
-from tvm_armq.schedules import conv2d_gemm as cg
+from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
+from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
+from tvm_armq.schedules.gemm_plan import GemmKnobs
 from tvm_armq.schedules import conv2d_u8 as cu
 from tvm_armq.schedules import reference as ref
 
 pytestmark = pytest.mark.device
 
 U8 = "uint8"
-S = cg.Conv2DShape
+S = Conv2DShape
 
 
 @dataclasses.dataclass(frozen=True)
 class Case:
     name: str
-    shape: cg.Conv2DShape
+    shape: Conv2DShape
     in_zp: int
     w_zp: int
     out_zp: int
@@ -60,7 +62,7 @@ CASES = [
     Case("symmetric_weights", S(1, 6, 6, 5, 8, 3, 3, padding=(1, 1, 1, 1)), in_zp=17,
          w_zp=0, out_zp=128),  # zp_w = 0: the GEMM alone, no row sums
 ]
-KNOBS = cg.GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
+KNOBS = GemmKnobs(m_tiles=2, n_tiles=2, k_unroll=2)
 
 
 def _tile(kernel):
@@ -91,8 +93,8 @@ def _case_data(case: Case, seed: int, kernel):
     mult, shift = requant.quantize_multipliers(np.full(s.out_c, scale))
     lo, hi = case.act_range
     expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, U8)
-    args = [data, cg.pack_weights(weight, _tile(kernel), s.groups),
-            cg.fold_bias(weight, bias, case.in_zp, w_zp=case.w_zp),
+    args = [data, pack_weights(weight, _tile(kernel), s.groups),
+            fold_bias(weight, bias, case.in_zp, w_zp=case.w_zp),
             mult.astype(np.int32), shift.astype(np.int32)]
     return args, expected
 
@@ -106,9 +108,9 @@ def test_fold_bias_with_weight_zero_point():
     bias, za, zw = rng.integers(-999, 999, 5), 140, 77
     wk = w.reshape(36, 5).astype(np.int64)
     tflite = (a - za) @ (wk - zw) + bias
-    ours = a @ wk - zw * a.sum(axis=1, keepdims=True) + cg.fold_bias(w, bias, za, w_zp=zw)
+    ours = a @ wk - zw * a.sum(axis=1, keepdims=True) + fold_bias(w, bias, za, w_zp=zw)
     np.testing.assert_array_equal(ours, tflite)
-    np.testing.assert_array_equal(cg.fold_bias(w, bias, za), cg.fold_bias(w, bias, za, w_zp=0))
+    np.testing.assert_array_equal(fold_bias(w, bias, za), fold_bias(w, bias, za, w_zp=0))
 
 
 def test_conv2d_u8_on_device(run_funcs, level, tmp_path, report):
@@ -116,18 +118,18 @@ def test_conv2d_u8_on_device(run_funcs, level, tmp_path, report):
     its rows and depth (one-row cases: the one-row kernel), whose instruction the compiled
     module must contain. The GEMM is given the exact row sums, so each of the two kernels
     is checked on its own."""
-    target = build.resolve_target(level)
+    target = targets.resolve(level)
     funcs, calls, expected, used = {}, [], [], set()
     for i, c in enumerate(CASES):
         kernel = kernels.select(target, U8, U8, rows=c.shape.gemm_m, depth=c.shape.gemm_k)
         assert kernel.intrin is not None, f"no u8 x u8 instruction selected at {level}"
-        assert kernels.is_one_row(kernel) == (c.shape.gemm_m == 1), (c.name, kernel.name)
+        assert kernel.one_row == (c.shape.gemm_m == 1), (c.name, kernel.name)
         used.add(kernel)
-        f = cg.conv2d_gemm_func(c.shape, _tile(kernel), in_dtype=U8, out_dtype=U8,
-                                in_zp=c.in_zp, out_zp=c.out_zp, act_range=c.act_range,
-                                w_zp=c.w_zp)
-        assert len(f.params) == (7 if c.w_zp else 6)
-        funcs[c.name] = cg.schedule_conv2d_gemm(f, kernel, target, KNOBS)
+        plan = gemm_plan.plan(c.shape, kernel, knobs=KNOBS, direct=False)
+        f = gemm_compute.conv2d_gemm_func(plan, in_dtype=U8, out_dtype=U8, in_zp=c.in_zp,
+                                          out_zp=c.out_zp, act_range=c.act_range, w_zp=c.w_zp)
+        assert len(f.params) == (7 if c.w_zp else 6) + (plan.tail is not None)
+        funcs[c.name] = gemm_schedule.schedule_conv2d_gemm(f, plan, target)
         args, out = _case_data(c, i, kernel)
         s = c.shape
         if c.w_zp:
@@ -141,7 +143,7 @@ def test_conv2d_u8_on_device(run_funcs, level, tmp_path, report):
         expected.append((c.name, out))
     asm, outs = run_funcs(level, funcs, calls, tmp_path / "conv_u8.so")
     # one-row and multi-row kernels (at neon also the 8-byte one: K = 20, 8, 40 ...)
-    assert sorted({kernels.is_one_row(k) for k in used}) == [False, True], used
+    assert sorted({k.one_row for k in used}) == [False, True], used
     for kernel in used:
         assert all(ins in asm for ins in kernel.instructions), kernel.instructions
     for (what, want), got in zip(expected, outs):

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from armq_checks import assert_alive, function_asm
 
-from tvm_armq import build
+from tvm_armq import targets
 from tvm_armq.intrinsics import requant
 from tvm_armq.schedules import depthwise as dw
 from tvm_armq.schedules import reference as ref
@@ -271,7 +271,7 @@ def test_inner_loop_is_vectorized():
         over them and cannot pass on an empty list."""
         f = _func(S(1, 12, 12, 16, padding=(1, 1, 1, 1)), in_zp=3, out_zp=-1, **kw)
         asm = tvm.compile(tvm.IRModule({"dw": f.with_attr("global_symbol", "dw")}),
-                          target=build.resolve_target("dotprod")).mod.inspect_source("asm")
+                          target=targets.resolve("dotprod")).mod.inspect_source("asm")
         loops = [body for body in _innermost_loops(function_asm(asm, "dw"))
                  if _count(body, "smull") > 0]
         macs = sorted((_count(b, "smull"), _count(b, "smull2"), _count(b, "smlal"),

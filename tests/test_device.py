@@ -17,7 +17,7 @@ import textwrap
 import numpy as np
 import pytest
 
-from tvm_armq import build, device
+from tvm_armq import device, export
 from tvm_armq.targets import LEVELS
 
 pytestmark = pytest.mark.device
@@ -40,7 +40,7 @@ def _sdot_library(tmp_path):
     lib = tvm.compile(sdot_kernel, target=LEVELS["dotprod"].target())
     asm = lib.mod.inspect_source("asm")
     assert "sdot\tv" in asm, "the kernel must really contain an sdot instruction"
-    return build.export_aarch64(lib, tmp_path / "sdot.so")
+    return export.export_aarch64(lib, tmp_path / "sdot.so")
 
 
 def _operands():

@@ -28,7 +28,6 @@ from typing import Callable
 import numpy as np
 import pytest
 
-from tvm_armq import build
 from tvm_armq.tflite_writer import single_op_model
 from tvm_armq.schedules import int8_ops as ops
 from tvm_armq.schedules import reference as ref
@@ -209,7 +208,8 @@ def _mul_case(name, a_shape, b_shape, a_q, b_q, out_q, act=ACT_NONE, dtype="int8
         if spread is None:
             a, b = _data(rng, a_shape, dtype), _data(rng, b_shape, dtype)
         else:
-            a, b = (_near(rng, s, q[1], spread, dtype) for s, q in ((a_shape, a_q), (b_shape, b_q)))
+            a, b = (_near(rng, s, q[1], spread, dtype)
+                    for s, q in ((a_shape, a_q), (b_shape, b_q)))
         p = ops.mul_params(a_q, b_q, out_q, act_range, dtype)
         return Built(ops.mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range, dtype),
                      [a, b], ref.broadcast_mul(a, b, **dataclasses.asdict(p)),

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 import tvm_armq
-from tvm_armq import build, cli, integrate
+from tvm_armq import build, cli, export, integrate, targets, tflite_import
+from tvm_armq.report import Lowered
 
 
 @pytest.fixture
@@ -35,10 +36,10 @@ def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model,
 
     model = TFLiteModel.load(zoo_model("conv2d_3x3"))
     target = tvm.target.Target(tvm_armq.target("dotprod"))
-    exe = tvm.compile(build.import_tflite(model), target=target)
+    exe = tvm.compile(tflite_import.import_tflite(model), target=target)
     asm = exe.mod.imports[0].inspect_source("asm") if exe.mod.imports else ""
     assert "tvm_armq_conv2d" in asm and "sdot" in asm
-    lib = build.export_aarch64(exe, tmp_path / "model.so")
+    lib = export.export_aarch64(exe, tmp_path / "model.so")
     x = model.random_inputs(seed=5)
     got = build.run_on_device(devices.session("dotprod"), lib, x)
     np.testing.assert_array_equal(got[0], model.reference_outputs(x)[0])
@@ -71,7 +72,7 @@ def test_strict_names_the_layers_that_stay_float(zoo_model, float_layer_model):
         build.compile_tflite(float_layer_model, "neon", strict=True)
     report: list = []
     build.compile_tflite(zoo_model("conv2d_3x3"), "neon", strict=True, report=report)
-    assert [type(r) for r in report] == [integrate.Lowered]
+    assert [type(r) for r in report] == [Lowered]
 
 
 @pytest.mark.parametrize("level, kernel, one_row", [
@@ -85,8 +86,35 @@ def test_inspect_names_the_kernel_of_every_layer(zoo_model, level, kernel, one_r
     by_op = {}
     for r in report:
         by_op.setdefault(r.op, set()).add(r.kernel)
-    assert by_op == {"conv2d": {kernel}, "dense": {one_row}, "add": {"add_s8_tflite"},
-                     "mean": {"mean_s8_tflite"}}
+    assert by_op == {"conv2d": {kernel}, "dense": {one_row}, "add": {"add_s8_neon"},
+                     "mean": {"mean_s8_neon"}}
+
+
+# Nets whose layers between them run every kind of integer kernel the pass makes.
+GRAMMAR_MODELS = ("mobilenet_v3_small", "unet", "ssd_head", "ds_cnn", "densenet121",
+                  "concat_requant", "softmax", "avg_pool", "mean", "resize_bilinear")
+
+
+@pytest.mark.parametrize("level", ["neon", "i8mm"])
+def test_every_record_names_its_kernels_in_the_grammar(zoo_model, level):
+    """Every kernel a compile report names (a ``Lowered`` record may chain two: a zero
+    insertion and a GEMM, a copy and a requantization) is spelt in the naming grammar
+    (``intrinsics/names.py``), and a GEMM's is a row of the selection table."""
+    from tvm_armq.intrinsics import kernels, names
+
+    seen = set()
+    for name in GRAMMAR_MODELS:
+        for r in build.inspect(zoo_model(name), level):
+            if not isinstance(r, Lowered):
+                continue
+            for kernel in r.kernel.split("+") + ([r.tail] if r.tail else []):
+                m = names.NAME_RE.match(kernel)
+                assert m, f"{name}: {kernel!r} breaks the naming grammar"
+                if m["op"] == "gemm":
+                    assert kernel in kernels.KERNELS, kernel
+                seen.add(m["op"])
+    assert {"gemm", "depthwise", "lut", "add", "multiply", "concat", "mean", "softmax",
+            "avg_pool", "resize_bilinear", "requantize", "zero_insert"} <= seen, seen
 
 
 def test_inspect_names_row_tails(zoo_model):
@@ -180,15 +208,15 @@ def test_legacy_uint8_models_are_bit_exact(devices, level, tmp_path, report):
     from tvm_armq.intrinsics import kernels
 
     session, used = devices.session(level), set()
-    isa = kernels.select(level, "uint8", "uint8").isa
+    isa = kernels.select(targets.resolve(level), "uint8", "uint8").isa
     for name, spec in U8_MODELS.items():
         path = tmp_path / f"{name}.tflite"
         path.write_bytes(_u8_model(**spec))
         model = TFLiteModel.load(path)
         layers: list = []
-        lib = build.export_aarch64(build.compile_tflite(model, level, report=layers),
+        lib = export.export_aarch64(build.compile_tflite(model, level, report=layers),
                                    tmp_path / f"{name}.so")
-        assert [type(r) for r in layers] == [integrate.Lowered], layers
+        assert [type(r) for r in layers] == [Lowered], layers
         kernel = kernels.get(layers[0].kernel)  # the level's u8 kernel for its rows and K
         assert kernel.name.startswith("gemm_u8u8") and kernel.isa == isa, kernel.name
         used.add(kernel.name)

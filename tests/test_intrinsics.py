@@ -21,8 +21,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tvm_armq import build
-from tvm_armq.intrinsics import kernels
+from tvm_armq import export, targets
+from tvm_armq.intrinsics import forms, kernels, registry
 from tvm_armq.targets import LEVELS
 
 pytestmark = pytest.mark.device
@@ -44,12 +44,12 @@ REFERENCES = [k for k in kernels.TABLE if k.intrin is None]
 # ------------------------------------------------------------------ the GEMMs
 def shapes(kernel) -> dict[str, tuple[int, int, int]]:
     """(M, N, K) per case: K a multiple of kr, and K with a tail of about half a block.
-    A kernel with a whole-K form (``kernels.has_k_loop``) also gets "k_loop": that form
+    A kernel with a whole-K form (``kernels.K_LOOP``) also gets "k_loop": that form
     over four K blocks, the last one a zero-padded tail."""
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     cases = {"aligned": (2 * mr, 3 * nr, 3 * kr),
              "k_tail": (3 * mr, 2 * nr, 2 * kr + kr // 2 + 1)}
-    if kernels.has_k_loop(kernel):
+    if kernels.K_LOOP in kernel.forms:
         cases["k_loop"] = (2 * mr, 2 * nr, 3 * kr + kr // 2)
     return cases
 
@@ -116,10 +116,10 @@ def scheduled(kernel, case, m, n, k, target):
         loops = sch.get_loops(block)  # mo, no, ko, mi, ni, ki
         sch.decompose_reduction(block, loops[2])
         if k_loop:
-            kernels.tensorize(sch, loops[2], kernel, target,
+            registry.tensorize(sch, loops[2], kernel, target,
                               k_blocks=sch.get(loops[2]).extent.value)
         else:
-            kernels.tensorize(sch, loops[3], kernel, target)
+            registry.tensorize(sch, loops[3], kernel, target)
     return sch.mod["main"]
 
 
@@ -138,7 +138,7 @@ class LevelBuild:
                     "global_symbol", name)
         lib = tvm.compile(tvm.IRModule(funcs), target=target)
         self.asm = lib.mod.inspect_source("asm")
-        path = build.export_aarch64(lib, tmp_dir / f"intrinsics_{level}.so")
+        path = export.export_aarch64(lib, tmp_dir / f"intrinsics_{level}.so")
         self.sess = devices.session(level)
         self.sess.upload(str(path))
         self.rmod = self.sess.load_module(path.name)
@@ -297,7 +297,7 @@ def test_all_minus_128_is_exact(level_build):
     assert kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON) in signed
     for kernel in signed:
         built = level_build(lowest_level(kernel))
-        for case in ("k_tail", "k_loop") if kernels.has_k_loop(kernel) else ("k_tail",):
+        for case in ("k_tail", "k_loop") if kernels.K_LOOP in kernel.forms else ("k_tail",):
             m, n, k = shapes(kernel)[case]
             a = np.full((m, k), -128, np.int8)
             b = np.full((n, k), -128, np.int8)
@@ -314,20 +314,73 @@ def test_assembly_has_the_instruction(kernel, level_build):
     missing = [ins for ins in kernel.instructions if ins not in mnemonics]
     assert not missing, f"{kernel.name}: {missing} not in its assembly"
     main = kernel.instructions[0]
-    if kernel.form == "by_element" and kernels.is_one_row(kernel):
+    if kernel.usage == "by_element" and kernel.one_row:
         # one row: the block's 4 bytes are loaded replicated (ld1r), then by vector
         assert re.search(r"\tld1r\t\{ v\d+\.4s \}", asm), kernel.name
         assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), kernel.name
-    elif kernel.form == "by_element":
+    elif kernel.usage == "by_element":
         assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.4b\[\d\]", asm), kernel.name
-    elif kernel.form == "by_vector":
-        assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), kernel.name
-    elif kernel.form == "matrix":
+    elif kernel.usage == "matrix":
         lanes = "8h" if kernel.a_dtype == "bfloat16" else "16b"
         assert re.search(rf"\t{main}\tv\d+\.4s, v\d+\.{lanes}, v\d+\.{lanes}\n", asm)
 
 
 # ------------------------------------------------------------ the selection table
+# Every (target, dtype pair, rows, depth) select is asked in the tests below and in the
+# compiler: the levels and a non-Arm target, every pair of the table, a GEMM of one row and
+# of many, and depths that do and do not favour a shallower kernel.
+PAIRS = sorted({(k.a_dtype, k.b_dtype) for k in kernels.TABLE})
+SELECT_TARGETS = ["neon", "dotprod", "i8mm", {"kind": "c"}]
+SELECT_GEMMS = [(rows, depth) for rows in (None, 1, 2, 49) for depth in (None, 8, 24, 32, 1024)]
+
+
+def _reached() -> set[str]:
+    return {kernels.select(targets.resolve(t), a, b, rows=rows, depth=depth).name
+            for t in SELECT_TARGETS for a, b in PAIRS for rows, depth in SELECT_GEMMS}
+
+
+def test_every_kernel_of_the_table_is_selected_for_some_gemm():
+    """No dead rows: each kernel of every family is what ``select`` gives some target,
+    dtype pair, row count and depth (a row the lookup never reaches would be untested
+    code)."""
+    assert _reached() == set(kernels.KERNELS)
+
+
+def test_families_group_one_instruction_sequence():
+    """A family's members share types, instruction and nr; the tail of a multi-row member
+    is the one-row member with its kr (the same packed B); the main member is first."""
+    for family in kernels.FAMILIES:
+        main = family.main
+        assert family.kernels[0] is main and not main.one_row
+        assert family.name == kernels.family_name(main.a_dtype, main.b_dtype,
+                                                  main.acc_dtype, main.isa)
+        for k in family.kernels:
+            assert kernels.family_of(k) is family
+            tail = family.tail_for(k)
+            if tail is not None:
+                assert tail.one_row and (tail.nr, tail.kr) == (k.nr, k.kr) and not k.one_row
+    neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
+    assert kernels.family_of(neon).tail_for(neon).name == kernels.GEMM_S8S8S32_1X4X16_NEON
+    eight = kernels.get(kernels.GEMM_S8S8S32_4X4X8_NEON)
+    assert kernels.family_of(eight).tail_for(eight) is None  # no one-row 8-byte kernel
+    smmla = kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM)
+    assert kernels.family_of(smmla).tail_for(smmla) is None
+
+
+def test_forms_are_what_the_instruction_modules_implement():
+    """A kernel's ``forms`` (data on the record) are among what its module's
+    ``IMPLEMENTS`` builds; the reference has none."""
+    for kernel in kernels.TABLE:
+        if kernel.module is None:
+            assert kernel.forms == ()
+            continue
+        assert kernels.BLOCK in kernel.forms
+        have = registry.implementation(kernel).forms
+        assert set(kernel.forms) <= set(have), (kernel.name, kernel.forms, have)
+        if kernels.DIRECT in kernel.forms:
+            assert kernel.cost.direct_operands > 0, kernel.name
+
+
 def test_names_follow_the_grammar_and_are_the_intrinsic_names():
     from tvm.s_tir import TensorIntrin
 
@@ -336,14 +389,14 @@ def test_names_follow_the_grammar_and_are_the_intrinsic_names():
         assert kernel.name == kernels.kernel_name(kernel.a_dtype, kernel.b_dtype,
                                                   kernel.acc_dtype, kernel.mr, kernel.nr,
                                                   kernel.kr, kernel.isa)
-    for name in kernels.register_all():
+    for name in registry.register_all():
         assert TensorIntrin.get(name) is not None
         assert name == kernels.get(name).intrin
     assert kernels.TABLE[0].isa == "ref"  # the bottom rung answers for every target
 
 
 def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
-    """The direct-read intrinsic (A read in place, ``kernels.desc_direct``) exists for the
+    """The direct-read intrinsic (A read in place, ``forms.desc_direct``) exists for the
     int8 by-element sdot kernel and the int8 smull/sadalp kernel (whose packed A block is
     16 consecutive bytes of a row anyway), not for smmla (its block interleaves two rows);
     it registers per (window, n_tiles) under its own name and rejects a run of A that is no
@@ -351,8 +404,8 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     tests/test_conv2d_gemm.py (direct-read cases)."""
     from tvm.s_tir import TensorIntrin
 
-    W = kernels.DirectWindow
-    direct = [k.name for k in kernels.TABLE if kernels.has_direct(k)]
+    W = forms.DirectWindow
+    direct = [k.name for k in kernels.TABLE if kernels.DIRECT in k.forms]
     assert sorted(direct) == sorted([kernels.GEMM_S8S8S32_4X4X4_DOTPROD,
                                      kernels.GEMM_S8S8S32_1X4X4_DOTPROD,
                                      kernels.GEMM_S8S8S32_4X4X16_NEON,
@@ -364,14 +417,14 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     assert W.pointwise(40).extent(4) == 160 and W.pointwise(40).tag == "k40"
     for window, n_tiles in ((W.pointwise(16), 1), (W.pointwise(40), 4), (W.pointwise(512), 2),
                             (conv, 1), (conv, 4), (W(56, 1, 0, 8), 2)):
-        name = kernels.register_direct(dot, window, n_tiles)
-        assert name == kernels.direct_name(dot, window, n_tiles) and TensorIntrin.get(name)
-    assert kernels.direct_name(dot, conv, 4).endswith("__direct_k48x3_s544_r16_n4")
+        name = registry.register_direct(dot, window, n_tiles)
+        assert name == forms.direct_name(dot, window, n_tiles) and TensorIntrin.get(name)
+    assert forms.direct_name(dot, conv, 4).endswith("__direct_k48x3_s544_r16_n4")
     with pytest.raises(ValueError, match="multiple of kr"):
-        kernels.register_direct(dot, W.pointwise(18), 1)
-    with pytest.raises(ValueError, match="no direct-read"):
-        kernels.register_direct(kernels.get(kernels.GEMM_S8S8S32_4X4X16_DOTPROD),
-                                W.pointwise(16), 1)
+        registry.register_direct(dot, W.pointwise(18), 1)
+    with pytest.raises(ValueError, match="no direct form"):
+        registry.register_direct(kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM),
+                                 W.pointwise(16), 1)
 
 
 @pytest.mark.parametrize("level, a, b, want", [
@@ -393,21 +446,23 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
      kernels.GEMM_S8S8S32_1X1X1_REF),
 ])
 def test_select_picks_the_best_kernel_the_target_has(level, a, b, want):
+    level = targets.resolve(level)
     assert kernels.select(level, a, b).name == want
     for rows in (2, 3, 4, 49):  # only a GEMM of one row takes a one-row kernel
         assert kernels.select(level, a, b, rows=rows).name == want
 
 
 def test_select_gives_neon_gemms_whose_k_is_8_past_16_the_8_byte_kernel():
+    neon = targets.resolve("neon")
     for a in ("int8", "uint8"):
-        sixteen, eight = (kernels.select("neon", a, a, depth=d) for d in (32, 24))
+        sixteen, eight = (kernels.select(neon, a, a, depth=d) for d in (32, 24))
         assert (sixteen.kr, eight.kr) == (16, 8) and eight.mr == sixteen.mr == 4
         for depth, kr in ((8, 8), (16, 16), (40, 8), (48, 16), (72, 8), (27, 16), (1024, 16)):
-            assert kernels.select("neon", a, a, depth=depth).kr == kr, (a, depth)
-        assert kernels.select("neon", a, a).kr == 16  # K unknown: the 16-byte kernel
-        assert kernels.select("neon", a, a, rows=1, depth=24).name == \
-            kernels.select("neon", a, a, rows=1).name  # no one-row 8-byte twin
-    for level in ("dotprod", "i8mm"):  # no twins over fewer bytes of K there
+            assert kernels.select(neon, a, a, depth=depth).kr == kr, (a, depth)
+        assert kernels.select(neon, a, a).kr == 16  # K unknown: the 16-byte kernel
+        assert kernels.select(neon, a, a, rows=1, depth=24).name == \
+            kernels.select(neon, a, a, rows=1).name  # no one-row 8-byte twin
+    for level in map(targets.resolve, ("dotprod", "i8mm")):  # no other depths there
         assert kernels.select(level, "int8", "int8", depth=24) == \
             kernels.select(level, "int8", "int8")
 
@@ -422,8 +477,9 @@ def test_select_gives_neon_gemms_whose_k_is_8_past_16_the_8_byte_kernel():
     ("i8mm", "uint8", kernels.GEMM_U8U8S32_1X4X4_DOTPROD),
 ])
 def test_select_gives_a_gemm_of_one_row_the_one_row_kernel(level, a, want):
+    level = targets.resolve(level)
     kernel = kernels.select(level, a, a, rows=1)
-    assert kernel.name == want and kernel.mr == 1 and kernels.is_one_row(kernel)
+    assert kernel.name == want and kernel.mr == 1 and kernel.one_row
     # no one-row kernel for the pair: the multi-row one, whatever the rows
     assert kernels.select(level, "uint8", "int8", rows=1) == kernels.select(level, "uint8",
                                                                             "int8")
@@ -444,19 +500,19 @@ def test_bf16_feature_without_explicit_mattr():
 
 @pytest.mark.parametrize("name, level, feature", [
     (kernels.GEMM_S8S8S32_2X2X8_I8MM, "dotprod", "has_matmul_i8"),
-    (kernels.GEMM_U8S8S32_4X4X4_I8MM, "neon", "has_matmul_i8"),
+    (kernels.GEMM_U8S8S32_2X2X8_I8MM, "neon", "has_matmul_i8"),
     (kernels.GEMM_S8S8S32_4X4X4_DOTPROD, "neon", "has_dotprod"),
     (kernels.GEMM_BF16BF16F32_2X2X4_BF16, "dotprod", "has_bf16"),
 ])
 def test_require_names_kernel_feature_and_target(name, level, feature):
     kernel = kernels.get(name)
-    target = kernels.as_target(level)
+    target = targets.resolve(level)
     with pytest.raises(kernels.MissingTargetFeature) as err:
         kernels.require(kernel, target)
     msg = str(err.value)
     assert name in msg and feature in msg and kernels.FEATURE_MATTR[feature] in msg
     assert str(target) in msg
-    assert kernels.require(kernel, "i8mm") is kernel
+    assert kernels.require(kernel, targets.resolve("i8mm")) is kernel
 
 
 def test_tensorize_for_a_target_without_the_instruction_is_the_clear_error():
@@ -469,7 +525,7 @@ def test_tensorize_for_a_target_without_the_instruction_is_the_clear_error():
     loops = sch.get_loops(block)
     sch.decompose_reduction(block, loops[2])
     with pytest.raises(kernels.MissingTargetFeature, match="has_matmul_i8"):
-        kernels.tensorize(sch, loops[3], kernel, LEVELS["neon"].target())
+        registry.tensorize(sch, loops[3], kernel, LEVELS["neon"].target())
 
 
 def test_register_named_reads_the_parameters_back_from_the_name():
@@ -479,11 +535,11 @@ def test_register_named_reads_the_parameters_back_from_the_name():
 
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
-    names = [dot.name, kernels.k_loop_name(neon, 5),
-             kernels.direct_name(dot, kernels.DirectWindow.pointwise(96), 3),
-             kernels.direct_name(dot, kernels.DirectWindow(40, 5, 1200, 20), 2)]
+    names = [dot.name, forms.k_loop_name(neon, 5),
+             forms.direct_name(dot, forms.DirectWindow.pointwise(96), 3),
+             forms.direct_name(dot, forms.DirectWindow(40, 5, 1200, 20), 2)]
     for name in names:
-        assert kernels.register_named(name) == name and TensorIntrin.get(name) is not None
+        assert registry.register_named(name) == name and TensorIntrin.get(name) is not None
     for bad in ("gemm_s8s8s32_4x4x4_dotprod__direct_k40_nX", "conv2d"):
         with pytest.raises(ValueError, match="not the name of a tvm_armq TensorIntrin"):
-            kernels.register_named(bad)
+            registry.register_named(bad)

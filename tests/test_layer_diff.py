@@ -39,7 +39,7 @@ def test_every_layer_of_an_integer_net_equals_tflite(devices, zoo_model):
     assert [int(m.group(1)) for m in layers] == sorted(int(m.group(1)) for m in layers)
     assert {m.group(4) for m in layers} == {"equal"}
     kernels = {m.group(3) for m in layers}
-    assert "gemm_s8s8s32_4x4x16_neon" in kernels and "concat_s8" in kernels, kernels
+    assert "gemm_s8s8s32_4x4x16_neon" in kernels and "concat_s8_neon" in kernels, kernels
     assert f"every one of the {len(layers)} layers equals" in res.stdout
 
 

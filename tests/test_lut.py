@@ -20,12 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_armq import build, integrate
+from tvm_armq import build, export
 from tvm_armq.schedules import lut
 from tvm_armq.tflite_layers import (ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
                                     activation_range)
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.report import Fallback
 
 # TFLite's fixed output quantization of its 8-bit LOGISTIC and TANH kernels
 FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "uint8"): (1 / 256, 0),
@@ -135,11 +136,11 @@ def test_unary_ops_run_bit_exact_on_the_device(devices, level, tmp_path):
             model = TFLiteModel.load(unary_model(op, shape, in_q, out_q, dtype,
                                                  options.get("alpha")))
             report: list = []
-            lib = build.export_aarch64(build.compile_tflite(model, level, report=report),
+            lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
                                        tmp_path / f"{op.lower()}_{dtype}.so")
             assert [r.kernel for r in report] == [f"lut_{'s8' if dtype == 'int8' else 'u8'}"
-                                                  "_tflite"], [r.line() for r in report]
-            assert not any(isinstance(r, integrate.Fallback) for r in report)
+                                                  "_neon"], [r.line() for r in report]
+            assert not any(isinstance(r, Fallback) for r in report)
             built.append((op, dtype, model, lib, in_q))
     session = devices.session(level)
     for op, dtype, model, lib, in_q in built:

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import dataclasses
 
-import numpy as np
 import pytest
 from armq_checks import output_pairs
 
-from tvm_armq import build, integrate, zoo
+from tvm_armq import build, export, zoo
 from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.report import Fallback, Lowered
 
 pytestmark = pytest.mark.device
 
@@ -43,22 +43,23 @@ SEEDS = (0, 1)
 # converter makes of a concatenation of differently scaled inputs: a standalone QUANTIZE
 # (int8 -> int8) requantizes one input, then a CONCATENATION of equally scaled tensors
 # copies (TFLite refuses an int8 CONCATENATION whose inputs' scales differ, so the pass's
-# in-concat requantization, "concat_s8+requantize_s8", has no model to come from).
+# in-concat requantization, "concat_s8_neon+requantize_s8_neon", has no model to come from).
 INTEGER_PATHS = {
-    "mul": {("multiply", "multiply_s8_tflite")},
-    "logistic": {("logistic", "lut_s8_tflite")},
-    "softmax": {("softmax", "softmax_s8_tflite")},
-    "concat_requant": {("quantize", "requantize_s8"), ("concat", "concat_s8")},
-    "sub": {("subtract", "subtract_s8_tflite")},
-    "mobilenet_v3_small": {("hard_swish", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
-    "densenet121": {("multiply", "multiply_s8_tflite"), ("add", "add_s8_tflite")},
-    "efficientnet_b1": {("logistic", "lut_s8_tflite"), ("multiply", "multiply_s8_tflite")},
-    "ds_cnn": {("depthwise_conv2d", "depthwise_s8s8s32_3x3_neon"), ("mean", "mean_s8_tflite")},
-    "ssd_head": {("logistic", "lut_s8_tflite"), ("concat", "concat_s8")},
-    "two_in_two_out": {("add", "add_s8_tflite"), ("concat", "concat_s8")},
-    "densenet169": {("multiply", "multiply_s8_tflite"), ("add", "add_s8_tflite")},
-    "resize_bilinear": {("resize_bilinear", "resize_bilinear_s8_tflite")},
-    "unet": {("resize_bilinear", "resize_bilinear_s8_tflite"), ("concat", "concat_s8")},
+    "mul": {("multiply", "multiply_s8_neon")},
+    "logistic": {("logistic", "lut_s8_neon")},
+    "softmax": {("softmax", "softmax_s8_neon")},
+    "concat_requant": {("quantize", "requantize_s8_neon"), ("concat", "concat_s8_neon")},
+    "sub": {("subtract", "subtract_s8_neon")},
+    "mobilenet_v3_small": {("hard_swish", "lut_s8_neon"), ("multiply", "multiply_s8_neon")},
+    "densenet121": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
+    "efficientnet_b1": {("logistic", "lut_s8_neon"), ("multiply", "multiply_s8_neon")},
+    "ds_cnn": {("depthwise_conv2d", "depthwise_s8s8s32_3x3_neon_pairs16"),
+               ("mean", "mean_s8_neon")},
+    "ssd_head": {("logistic", "lut_s8_neon"), ("concat", "concat_s8_neon")},
+    "two_in_two_out": {("add", "add_s8_neon"), ("concat", "concat_s8_neon")},
+    "densenet169": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
+    "resize_bilinear": {("resize_bilinear", "resize_bilinear_s8_neon")},
+    "unet": {("resize_bilinear", "resize_bilinear_s8_neon"), ("concat", "concat_s8_neon")},
 }
 
 
@@ -84,7 +85,7 @@ def outputs(devices, tmp_path_factory):
                 models[name] = TFLiteModel.load(zoo.build(name))
                 reports[name] = []
                 exe = build.compile_tflite(models[name], level, report=reports[name])
-                libs[name] = build.export_aarch64(exe, tmp / f"{name.replace('.', '_')}.so")
+                libs[name] = export.export_aarch64(exe, tmp / f"{name.replace('.', '_')}.so")
             session = devices.session(level)
             results = {}
             for name, lib in libs.items():
@@ -115,7 +116,7 @@ def test_model_is_bit_exact(outputs, level, name, report):
 def test_no_layer_stays_float(outputs, level, name):
     """The modules ``test_model_is_bit_exact`` ran have no quantized layer left in float."""
     fallbacks = [r.line() for r in outputs(level)[name].report
-                 if isinstance(r, integrate.Fallback)]
+                 if isinstance(r, Fallback)]
     assert fallbacks == [], f"{name} at {level}:\n" + "\n".join(fallbacks)
 
 
@@ -127,7 +128,7 @@ def test_integer_path_runs_in_a_whole_model(outputs, level, name):
     the bit-exact modules: the compile report names each one."""
     assert name in SINGLE_OPS + NETS  # so test_model_is_bit_exact compares its outputs
     lowered = {(r.op, r.kernel) for r in outputs(level)[name].report
-               if isinstance(r, integrate.Lowered)}
+               if isinstance(r, Lowered)}
     missing = INTEGER_PATHS[name] - lowered
     assert not missing, f"{name} at {level}: {sorted(missing)} not in {sorted(lowered)}"
 
@@ -136,7 +137,7 @@ def test_integer_path_runs_in_a_whole_model(outputs, level, name):
 def test_float_fallback_runs_within_one_step(outputs, level, name, report):
     """An op without an integer kernel still runs, in float, within one step of TFLite."""
     compiled = outputs(level)[name]
-    assert any(isinstance(r, integrate.Fallback) for r in compiled.report), \
+    assert any(isinstance(r, Fallback) for r in compiled.report), \
         f"{name} at {level} did not fall back to float: {compiled.report}"
     assert len(compiled.runs) == len(SEEDS)
     for seed, (got, expected) in zip(SEEDS, compiled.runs):
@@ -151,5 +152,5 @@ def test_every_layer_of_the_nets_is_integer(name):
     """No layer of the nets falls back to float QDQ, at any level."""
     for level in ("neon", "dotprod", "i8mm"):
         fallbacks = [r.line() for r in build.inspect(zoo.build(name), level)
-                     if isinstance(r, integrate.Fallback)]
+                     if isinstance(r, Fallback)]
         assert fallbacks == [], f"{name} at {level}:\n" + "\n".join(fallbacks)

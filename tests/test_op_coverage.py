@@ -23,9 +23,10 @@ import dataclasses
 import numpy as np
 import pytest
 
-from tvm_armq import build, integrate
+from tvm_armq import build, export
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.report import Fallback
 
 pytestmark = pytest.mark.device
 
@@ -211,7 +212,8 @@ CASES = [
     Case("gather", "GATHER", (_t((1, 4, 5, 9)), _i32([8, 0, 3, 3, 5]), _t((1, 4, 5, 5))),
          (0, 1), (2,), ("GatherOptions", _gather_options)),
     Case("split", "SPLIT", (_i32(3), _t((1, 4, 4, 24)), _t((1, 4, 4, 8)), _t((1, 4, 4, 8)),
-                            _t((1, 4, 4, 8))), (0, 1), (2, 3, 4), ("SplitOptions", _split_options(3))),
+                            _t((1, 4, 4, 8))), (0, 1), (2, 3, 4),
+         ("SplitOptions", _split_options(3))),
     Case("pack", "PACK", (_t((3, 17)), _t((3, 17)), _t((3, 2, 17))), (0, 1), (2,),
          ("PackOptions", _pack_options)),
     _minmax("maximum", "MAXIMUM", (1, 5, 6, 19), (1, 5, 6, 19), (1, 5, 6, 19)),
@@ -293,7 +295,7 @@ def results(devices, tmp_path_factory):
             built = {}
             for case in CASES:
                 model, report = TFLiteModel.load(_model(case)), []
-                lib = build.export_aarch64(build.compile_tflite(model, level, report=report),
+                lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
                                            tmp / f"{case.name}.so")
                 built[case.name] = (model, lib, report)
             session = devices.session(level)
@@ -310,7 +312,7 @@ def results(devices, tmp_path_factory):
 @pytest.mark.parametrize("name", [c.name for c in CASES])
 def test_op_is_integer_and_bit_exact(results, level, name):
     for got, expected, report in results(level)[name]:
-        floats = [r.line() for r in report if isinstance(r, integrate.Fallback)]
+        floats = [r.line() for r in report if isinstance(r, Fallback)]
         assert floats == [], floats
         assert len(got) == len(expected) > 0
         for g, e in zip(got, expected):

@@ -22,7 +22,7 @@ import math
 import numpy as np
 import pytest
 
-from tvm_armq import build
+from tvm_armq import export
 from tvm_armq.intrinsics import requant as rq
 from tvm_armq.intrinsics.qmuls import OP_NAMES, portable_lowering, qmuls
 from tvm_armq.targets import LEVELS
@@ -458,8 +458,8 @@ def test_qmuls_on_device(devices, level, cases, tmp_path):
 
     mod, kernels = _module(cases.n)
     target = LEVELS[level].target()
-    libs = {"aarch64": build.export_aarch64(_compile(mod, target), tmp_path / "qmuls.so"),
-            "default": build.export_aarch64(_compile(mod, target, portable=True),
+    libs = {"aarch64": export.export_aarch64(_compile(mod, target), tmp_path / "qmuls.so"),
+            "default": export.export_aarch64(_compile(mod, target, portable=True),
                                             tmp_path / "qmuls_default.so")}
     sess = devices.session(level)
     dev = sess.cpu(0)

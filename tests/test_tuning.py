@@ -17,9 +17,10 @@ import time
 import numpy as np
 import pytest
 
-from tvm_armq import build, tuning
+from tvm_armq import build, export, targets, tuning
 from tvm_armq.intrinsics import kernels, requant
-from tvm_armq.schedules import conv2d_gemm as cg
+from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
+from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
 from tvm_armq.tflite_layers import read_layer
 from tvm_armq.tflite_model import TFLiteModel
 
@@ -50,8 +51,8 @@ def test_tune_writes_database_and_summary(tuned):
     summary = tuning.read_summary(work)
     (task,) = summary.tasks
     assert (task.trials, task.failed) == (TRIALS, 0), task.errors
-    assert task.kernel == kernels.select(build.resolve_target(LEVEL), "int8", "int8").name
-    assert task.best_us > 0 and set(task.best_tiles) == set(cg.SAMPLE_MAX_INNER)
+    assert task.kernel == kernels.select(targets.resolve(LEVEL), "int8", "int8").name
+    assert task.best_us > 0 and set(task.best_tiles) == set(gemm_schedule.SAMPLE_MAX_INNER)
     assert "emulated" in summary.device
     assert task.name in res.stdout and f"{TRIALS} trials (0 failed)" in res.stdout
     assert "tuning" in res.stderr  # the progress bar
@@ -69,7 +70,7 @@ def test_tuned_schedules_are_bit_exact_against_tflite(tuned, devices, zoo_model,
     from tvm import s_tir
 
     work, _ = tuned
-    target = build.resolve_target(LEVEL)
+    target = targets.resolve(LEVEL)
     database = tuning.load_database(work)
     path = zoo_model(MODEL)
     (task,) = tuning.tasks_of_model(path, target)
@@ -86,14 +87,14 @@ def test_tuned_schedules_are_bit_exact_against_tflite(tuned, devices, zoo_model,
         assert task.kernel.instructions[0] in func.script(), f"{name} is not tensorized"
     ex = tvm.compile(tvm.IRModule({n: f.with_attr("global_symbol", n)
                                    for n, f in funcs.items()}), target=target)
-    lib = build.export_aarch64(ex, tmp_path / "tuned_conv.so")
+    lib = export.export_aarch64(ex, tmp_path / "tuned_conv.so")
 
     layer = read_layer(path)
     kernel, groups = task.kernel, layer.groups
     tile = (kernel.mr, kernel.nr, kernel.kr)
     w = layer.weight_hwio()
     mult, shift = requant.quantize_multipliers(layer.real_scales())
-    params = [cg.pack_weights(w, tile, groups), cg.fold_bias(w, layer.bias, layer.in_zp),
+    params = [pack_weights(w, tile, groups), fold_bias(w, layer.bias, layer.in_zp),
               mult.astype(np.int32), shift.astype(np.int32)]
 
     model = TFLiteModel.load(path)
@@ -131,7 +132,7 @@ def test_compile_tflite_applies_the_database(tuned, devices, zoo_model, tmp_path
     other = tvm_armq.inspect(zoo_model(OTHER_MODEL), LEVEL, tuning_database=work)
     assert [getattr(r, "tuned", None) for r in other] == [False], other
 
-    lib = build.export_aarch64(ex, tmp_path / "tuned_model.so")
+    lib = export.export_aarch64(ex, tmp_path / "tuned_model.so")
     model = TFLiteModel.load(path)
     x = model.random_inputs(seed=5)
     (got,) = build.run_on_device(devices.session(LEVEL), lib, x)
@@ -294,18 +295,18 @@ def test_stored_traces_replay_in_a_fresh_process(tmp_path):
     work = tmp_path / "db"
     work.mkdir()
     db = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
-    conv = cg.Conv2DShape(1, 8, 8, 16, 16, 3, 3, padding=(1, 1, 1, 1))
-    pointwise = cg.Conv2DShape(1, 7, 7, 64, 40, 1, 1)
+    conv = Conv2DShape(1, 8, 8, 16, 16, 3, 3, padding=(1, 1, 1, 1))
+    pointwise = Conv2DShape(1, 7, 7, 64, 40, 1, 1)
     args = []
     for shape, level in [(conv, "dotprod"), (conv, "neon"), (pointwise, "dotprod"),
                          (pointwise, "neon")]:
-        target = build.resolve_target(level)
+        target = targets.resolve(level)
         kernel = kernels.select(target, "int8", "int8")
-        func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
-                                   in_zp=0, out_zp=0, act_range=(-128, 127))
+        plan = gemm_plan.plan(shape, kernel)
+        func = gemm_compute.conv2d_gemm_func(plan, in_zp=0, out_zp=0, act_range=(-128, 127))
         workload = tuning._workload(func)
         sch = s_tir.Schedule(workload, seed=2)
-        cg.sample_conv2d_gemm(sch, kernel, target)
+        gemm_schedule.sample_conv2d_gemm(sch, plan, target)
         entry = db.commit_workload(workload)
         db.commit_tuning_record(ms.database.TuningRecord(
             sch.trace, entry, [1e-3], tvm.target.Target(target),
@@ -330,15 +331,16 @@ def test_tuning_a_layer_with_a_row_tail(tmp_path, devices, report):
     from tvm_armq.schedules import reference as ref
 
     level = "dotprod"
-    target = build.resolve_target(level)
-    shape = cg.Conv2DShape(1, 7, 7, 32, 24, 1, 1)
+    target = targets.resolve(level)
+    shape = Conv2DShape(1, 7, 7, 32, 24, 1, 1)
     kernel = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
-    assert cg.tail_kernel(shape, kernel) is not None
+    plan = gemm_plan.plan(shape, kernel)
+    assert plan.tail is not None
     in_zp, out_zp = -5, 3
-    func = cg.conv2d_gemm_func(shape, (kernel.mr, kernel.nr, kernel.kr), kernel=kernel,
-                               in_zp=in_zp, out_zp=out_zp, act_range=(-128, 127))
+    func = gemm_compute.conv2d_gemm_func(plan, in_zp=in_zp, out_zp=out_zp,
+                                         act_range=(-128, 127))
     trials = 2
-    summary = tuning.tune([tuning.Task("pointwise_7x7", func, kernel)], level,
+    summary = tuning.tune([tuning.Task("pointwise_7x7", func, plan)], level,
                           work_dir=tmp_path, trials=trials, batch=trials, progress=False,
                           seed=0)
     (result,) = summary.tasks
@@ -353,13 +355,13 @@ def test_tuning_a_layer_with_a_row_tail(tmp_path, devices, report):
     acc = ref.conv2d_nhwc(x, w, bias, in_zp=in_zp)
     mult, shift = requant.quantize_multipliers(rng.uniform(60, 160, 24) / np.abs(acc).max())
     expected = ref.requantize(acc, mult, shift, out_zp, -128, 127, "int8")
-    lib = build.export_aarch64(tvm.compile(tvm.IRModule({"best": best.with_attr(
+    lib = export.export_aarch64(tvm.compile(tvm.IRModule({"best": best.with_attr(
         "global_symbol", "best")}), target=target), tmp_path / "tail_tuned.so")
     sess = devices.session(level)
     sess.upload(str(lib))
     dev = sess.cpu(0)
-    args = [x, cg.pack_weights(w, (kernel.mr, kernel.nr, kernel.kr)),
-            cg.fold_bias(w, bias, in_zp), mult.astype(np.int32), shift.astype(np.int32),
+    args = [x, pack_weights(w, (kernel.mr, kernel.nr, kernel.kr)),
+            fold_bias(w, bias, in_zp), mult.astype(np.int32), shift.astype(np.int32),
             np.zeros((49, 1, 24), np.int8)]
     args = [tvm.runtime.tensor(a, dev) for a in args]
     sess.load_module(lib.name)["best"](*args)

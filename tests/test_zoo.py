@@ -257,8 +257,8 @@ def test_cache_reuses_and_invalidates(monkeypatch, tmp_path):
 
     # Second call: same path, and no conversion at all.
     calls = []
-    real_convert = zoo._convert
-    monkeypatch.setattr(zoo, "_convert", lambda s: calls.append(s) or real_convert(s))
+    real_convert = zoo.convert
+    monkeypatch.setattr(zoo, "convert", lambda s: calls.append(s) or real_convert(s))
     assert zoo.build("pad") == path
     assert calls == [] and path.stat().st_mtime_ns == stamp
 

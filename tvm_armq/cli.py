@@ -44,6 +44,7 @@ import sys
 import traceback
 from pathlib import Path
 
+from . import export, targets
 from .targets import LEVELS
 
 PROG = "tvm-armq"
@@ -73,14 +74,14 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 # wins, so a subclass must come before its base class.
 EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (EXIT_USAGE, ("tvm_armq.cli:UsageError", "tvm_armq.targets:UnknownIsaError")),
-    (4, ("tvm_armq.build:UnsupportedModel", "tvm.error:OpNotImplemented",
+    (4, ("tvm_armq.tflite_import:UnsupportedModel", "tvm.error:OpNotImplemented",
          "tvm_armq.tflite_model:TFLiteCannotRun")),  # a ModelError: before that row
     (3, ("tvm_armq.tflite_model:ModelError",)),
     (5, ("tvm_armq.build:UnsupportedTarget",
          "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
     (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),
     (7, ("tvm_armq.tuning:TuningError", "tvm_armq.build:TuningTargetMismatch")),
-    (8, ("tvm_armq.build:OutputError",)),
+    (8, ("tvm_armq.export:OutputError",)),
     (9, ("tvm_armq.cli:OutputsDiffer",)),
     (10, ("tvm_armq.cli:AllTrialsFailed",)),
 )
@@ -161,19 +162,17 @@ def _output_path(a, model) -> Path:
     """Where ``compile`` writes, checked: never the model or a directory; an existing file
     only if it is a compiled module (or with --force). Default: MODEL.so in the current
     directory (not beside the model: the bundled one lives inside the installed package)."""
-    from . import build
-
     out = Path(a.output) if a.output else Path.cwd() / (Path(model.path).stem + ".so")
     if out.is_dir():
-        raise build.OutputError(f"-o {out} is a directory: give a file name, such as "
+        raise export.OutputError(f"-o {out} is a directory: give a file name, such as "
                                 f"{out / (Path(model.path).stem + '.so')}")
     inputs = [Path(model.path)] + ([Path(a.tuning)] if getattr(a, "tuning", None) else [])
     for source in inputs:
         if out.exists() and source.exists() and os.path.samefile(out, source):
-            raise build.OutputError(f"-o {out} is the input {source}: writing the library "
+            raise export.OutputError(f"-o {out} is the input {source}: writing the library "
                                     "there would destroy it; choose another -o")
-    if out.exists() and not build.is_compiled_module(out) and not a.force:
-        raise build.OutputError(f"-o {out} exists and is not a compiled module (not an "
+    if out.exists() and not export.is_compiled_module(out) and not a.force:
+        raise export.OutputError(f"-o {out} exists and is not a compiled module (not an "
                                 "aarch64 shared library): pass --force to overwrite it, or "
                                 "choose another -o")
     return out
@@ -187,7 +186,7 @@ def cmd_compile(a) -> int:
     report: list = []
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
                                precision=a.precision, report=report, strict=a.strict)
-    lib = build.export_aarch64(exe, out)
+    lib = export.export_aarch64(exe, out)
     print(f"wrote {lib} (aarch64, ISA level {a.isa})\n{_kernel_summary(report)}")
     return 0
 
@@ -197,7 +196,7 @@ def cmd_inspect(a) -> int:
 
     model = _load(a.model)
     report = build.inspect(model, a.isa, tuning_database=_tuning_dir(a))
-    print(f"{model.label} for {a.isa} ({build.describe_target(build.resolve_target(a.isa))}):")
+    print(f"{model.label} for {a.isa} ({targets.describe(targets.resolve(a.isa))}):")
     for r in report:
         print("  " + r.line())
     print(_kernel_summary(report))
@@ -284,7 +283,7 @@ def cmd_run(a) -> int:
     session, endpoint, release = _session(a)
     try:
         with tempfile.TemporaryDirectory(prefix="tvm_armq_run_") as tmp:
-            lib = build.export_aarch64(build.compile_tflite(model, a.isa, report=report),
+            lib = export.export_aarch64(build.compile_tflite(model, a.isa, report=report),
                                        Path(tmp) / "model.so")
             got = _run_on(session, endpoint, lib, inputs, a)
     finally:
@@ -313,9 +312,11 @@ def cmd_run(a) -> int:
 def _kernel_summary(report: list) -> str:
     """One line: how many quantized layers run tvm_armq kernels, which kernels, and how
     many stay float."""
+    from .report import Lowered
+
     kernels: dict[str, int] = {}
     for r in report:
-        if not hasattr(r, "reason"):
+        if isinstance(r, Lowered):
             kernels[r.kernel] = kernels.get(r.kernel, 0) + 1
     used = ", ".join(f"{n} x {k}" for k, n in sorted(kernels.items(), key=lambda kv: -kv[1]))
     floats = len(report) - sum(kernels.values())
@@ -404,7 +405,7 @@ def cmd_tune(a) -> int:
     try:  # before any work: a --work-dir that cannot be made is an output error
         Path(a.work_dir).mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        from .build import OutputError
+        from .export import OutputError
 
         raise OutputError(f"--work-dir {a.work_dir}: cannot create it ({e.strerror or e}); "
                           "choose another directory") from None

@@ -446,7 +446,7 @@ def _probe_library(folder: Path) -> Path:
     import tvm
     from tvm.script import tirx as T
 
-    from . import build
+    from . import export
 
     funcs = {}
     for lvl, _, intrin in PROBES:
@@ -458,7 +458,7 @@ def _probe_library(folder: Path) -> Path:
 
         funcs[f"probe_{lvl}"] = probe.with_attr("global_symbol", f"probe_{lvl}")
     lib = tvm.compile(tvm.IRModule(funcs), target=LEVELS["i8mm"].target())
-    return build.export_aarch64(lib, folder / "tvm_armq_isa_probe.so")
+    return export.export_aarch64(lib, folder / "tvm_armq_isa_probe.so")
 
 
 def probe_level(endpoint: "Endpoint", timeout: float = CONNECT_TIMEOUT) -> str:

@@ -9,13 +9,14 @@ compute between a ``dequantize`` and a ``quantize``; a CONV_2D with a fused ReLU
     y    = quantize(conv2d(x_f, w_f) + b_f, s_out, zp_out)
     out  = clip(y, lo, hi)                               the fused activation
 
-``QuantizedToInteger`` finds that chain, reads the int8/int32 constants and the scales
-back out of it, and replaces it with one ``call_tir`` of a tvm_armq kernel:
+The pass (``quantized_to_integer``; TVM names it ``tvm_armq.QuantizedToInteger``) finds that
+chain, reads the int8/int32 constants and the scales back out of it, and replaces it with
+one ``call_tir`` of a tvm_armq kernel:
 
     out  = call_tir(conv2d_gemm, [x, W_packed, bias_folded, multiplier, shift])
 
 whose operands are compile-time constants re-laid for the micro-kernel
-(``schedules.conv2d_gemm.pack_weights``: the alter-op step, run here once, in NumPy).
+(``schedules.gemm_layout.pack_weights``: the alter-op step, run here once, in NumPy).
 The requantization parameters are computed exactly as TFLite's Prepare computes them
 (multiplier of in_scale * w_scale[c] / out_scale in double), and the clamp of the fused
 activation as TFLite's ``CalculateActivationRangeQuantized`` does, so the integer result
@@ -61,199 +62,12 @@ import types
 
 import numpy as np
 
-from .frontend import operator_of
+from .graph import (Graph, NotInteger, clip_range, dequantize_of, dequantized_const, dtype_of,
+                    fused_activation, is_const, op_type, qparams, rewrite_functions, shape_of)
+from .intrinsics import names
+from .report import Fallback, Lowered
 from .tflite_layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
                             activation_range)
-
-
-@dataclasses.dataclass(frozen=True)
-class Lowered:
-    """A layer the pass made integer: which kernel runs it."""
-
-    op: str          # "conv2d", "depthwise_conv2d", "dense"
-    name: str        # the Relax variable of the layer's output
-    in_shape: tuple
-    out_shape: tuple
-    kernel: str      # a name of intrinsics/kernels.py's table, or the depthwise schedule
-    tuned: bool = False
-    tail: str | None = None  # the kernel of the GEMM's last M % mr rows (conv2d_gemm.tail_kernel)
-
-    def line(self) -> str:
-        tag = " (tuned)" if self.tuned else ""
-        tail = f" + {self.tail} for the last rows" if self.tail else ""
-        return (f"{self.op:17s} {str(self.in_shape):20s} -> {str(self.out_shape):20s} "
-                f"{self.kernel}{tail}{tag}")
-
-
-@dataclasses.dataclass(frozen=True)
-class Fallback:
-    """A quantized layer the pass left in float (QDQ), and why."""
-
-    op: str
-    name: str
-    reason: str
-
-    def line(self) -> str:
-        where = self.name
-        tflite_op = operator_of(self.name)
-        if tflite_op is not None:  # the TFLite operator the layer came from (frontend.py)
-            where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"
-        return f"{self.op:17s} {where:41s} stays float: {self.reason}"
-
-
-class NotInteger(Exception):
-    """Raised by a matcher: this chain cannot become integer (the message says why)."""
-
-
-# ------------------------------------------------------------------ reading the graph
-class _Graph:
-    """The bindings of one Relax function: what each variable was computed from."""
-
-    def __init__(self, func):
-        from tvm import relax
-
-        self.defs, self.uses = {}, {}
-
-        def count(expr):
-            if isinstance(expr, relax.Var):
-                self.uses[expr] = self.uses.get(expr, 0) + 1
-            elif isinstance(expr, relax.Call):
-                for a in expr.args:
-                    count(a)
-            elif isinstance(expr, relax.Tuple):
-                for a in expr.fields:
-                    count(a)
-            elif isinstance(expr, relax.TupleGetItem):
-                count(expr.tuple_value)
-
-        for block in func.body.blocks:
-            for b in block.bindings:
-                self.defs[b.var] = b.value
-                count(b.value)
-        count(func.body.body)
-
-    def call(self, expr, *ops):
-        """The Call that defines ``expr`` if it is one of ``ops``, else None."""
-        from tvm import relax
-
-        value = self.defs.get(expr) if isinstance(expr, relax.Var) else expr
-        if isinstance(value, relax.Call) and isinstance(value.op, _op_type()) \
-                and value.op.name in ops:
-            return value
-        return None
-
-    def const(self, expr) -> np.ndarray | None:
-        """The value of ``expr`` if it is a constant, or a transpose/reshape of one."""
-        from tvm import relax
-
-        if isinstance(expr, relax.Var):
-            expr = self.defs.get(expr)
-        if expr is None:
-            return None
-        if _is_const(expr):
-            return expr.value.numpy()
-        if isinstance(expr, relax.Call) and getattr(expr.op, "name", "") in (
-                "relax.permute_dims", "relax.reshape"):
-            inner = self.const(expr.args[0])
-            if inner is None:
-                return None
-            shape = [int(d) for d in expr.ty.shape]
-            if expr.op.name == "relax.reshape":
-                return inner.reshape(shape)
-            axes = expr.attrs.axes
-            return inner.transpose([int(a) for a in axes] if axes is not None else None)
-        return None
-
-
-def _op_type():
-    import tvm
-
-    return tvm.ir.Op
-
-
-def _is_const(expr) -> bool:
-    import tvm
-
-    return isinstance(expr, tvm.ir.expr.Constant)
-
-
-def _shape(expr) -> tuple[int, ...]:
-    return tuple(int(d) for d in expr.ty.shape)
-
-
-def _dtype(expr) -> str:
-    return str(expr.ty.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class QParams:
-    """Scale(s) and zero point(s) of a quantized tensor, float32 as in the model."""
-
-    scale: np.ndarray   # float32, shape () per tensor or (C,) per channel
-    zp: np.ndarray      # int32, same shape
-    axis: int
-
-    @property
-    def per_tensor(self) -> bool:
-        return self.scale.size == 1
-
-    def per_channel(self, n: int) -> np.ndarray:
-        """The scales as float64, one per each of ``n`` channels (a per-tensor scale
-        repeated): a weight's scales, for the per-channel requantization."""
-        return np.broadcast_to(self.scale.astype(np.float64).reshape(-1), (n,)).copy()
-
-    def scalar(self, what: str) -> tuple[float, int]:
-        if not self.per_tensor:
-            raise NotInteger(f"{what} is quantized per channel")
-        return float(self.scale.reshape(())), int(self.zp.reshape(()))
-
-
-def _qparams(graph: _Graph, call) -> QParams:
-    scale, zp = graph.const(call.args[1]), graph.const(call.args[2])
-    if scale is None or zp is None:
-        raise NotInteger("scale or zero point is not a constant")
-    return QParams(scale.astype(np.float32), zp.astype(np.int32), int(call.attrs.axis))
-
-
-def _dequantize_of(graph: _Graph, expr):
-    """The ``dequantize`` call ``expr`` comes from, looking through a reshape, or None."""
-    reshape = graph.call(expr, "relax.reshape")
-    return graph.call(reshape.args[0] if reshape is not None else expr, "relax.dequantize")
-
-
-def _dequantized_const(graph: _Graph, expr, what: str):
-    """(int constant, QParams) of ``dequantize(constant)``, looking through a reshape."""
-    deq = _dequantize_of(graph, expr)
-    if deq is None:
-        raise NotInteger(f"{what} is not a dequantized constant")
-    value = graph.const(deq.args[0])
-    if value is None:
-        raise NotInteger(f"{what} is not a constant")
-    return value, _qparams(graph, deq)
-
-
-def _fused_activation(lo: float, hi: float, scale: float, zp: int, dtype: str):
-    """TFLite's clamp for the activation the frontend's ``clip(lo, hi)`` stands for.
-
-    The frontend rounds with Python's round (ties to even); TFLite rounds half away
-    from zero in float32. Recognise the activation by the frontend's own numbers, then
-    recompute the range TFLite's way, so a tie can never put the clamp one step off.
-    """
-    info = np.iinfo(dtype)
-
-    def frontend(v):
-        return float(round(v / scale) + zp)
-
-    candidates = {
-        ACT_NONE: (info.min, info.max),
-        ACT_RELU: (max(info.min, frontend(0.0)), info.max),
-        ACT_RELU6: (max(info.min, frontend(0.0)), min(info.max, frontend(6.0))),
-        ACT_RELU_N1_TO_1: (max(info.min, frontend(-1.0)), min(info.max, frontend(1.0))),
-    }
-    for act, (clo, chi) in candidates.items():
-        if (float(clo), float(chi)) == (float(lo), float(hi)):
-            return activation_range(act, scale, zp, dtype)
-    return max(int(info.min), int(np.ceil(lo))), min(int(info.max), int(np.floor(hi)))
 
 
 # ------------------------------------------------------------------ matched layers
@@ -279,26 +93,17 @@ class _Layer:
         return np.float64(self.x_q[0]) * self.w_scales / np.float64(self.out_q[0])
 
 
-def _clip_range(clip, out_q, dtype: str) -> tuple[int, int]:
-    """The clamp of a layer's fused activation (the frontend's clip after its quantize)."""
-    if clip is None:
-        info = np.iinfo(dtype)
-        return int(info.min), int(info.max)
-    lo, hi = (float(v.value) for v in clip.args[1:3])
-    return _fused_activation(lo, hi, *out_q, dtype)
-
-
-def _int_bias(graph: _Graph, expr) -> np.ndarray:
+def _int_bias(graph: Graph, expr) -> np.ndarray:
     """A layer's bias: ``dequantize`` of an int32 constant with zero point 0."""
-    value, q = _dequantized_const(graph, expr, "the bias")
+    value, q = dequantized_const(graph, expr, "the bias")
     if value.dtype != np.int32 or q.zp.any():
         raise NotInteger("the bias is not int32 with zero point 0")
     return value.reshape(-1)
 
 
-def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
+def _match_layer(graph: Graph, quantize, clip) -> _Layer:
     """Read the conv/dense chain that ends in ``quantize`` (and its fused ``clip``)."""
-    out_scale, out_zp = _qparams(graph, quantize).scalar("the output")
+    out_scale, out_zp = qparams(graph, quantize).scalar("the output")
     out_dtype = str(quantize.attrs.out_dtype)
     if out_dtype not in ("int8", "uint8"):
         raise NotInteger(f"output dtype {out_dtype} (int8 or uint8 only)")
@@ -317,22 +122,22 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     if x_deq is None:
         raise NotInteger("the input is not dequantized int8")
     x = x_deq.args[0]
-    x_q = _qparams(graph, x_deq).scalar("the input")
-    weight, w_q = _dequantized_const(graph, core.args[1], "the weight")
+    x_q = qparams(graph, x_deq).scalar("the input")
+    weight, w_q = dequantized_const(graph, core.args[1], "the weight")
     # TFLite's two schemes: int8 with symmetric weights, and the legacy uint8 one, whose
     # weights have a zero point (one per tensor).
-    if (_dtype(x), str(weight.dtype)) != (out_dtype, out_dtype):
-        raise NotInteger(f"input {_dtype(x)}, weight {weight.dtype}, output {out_dtype} "
+    if (dtype_of(x), str(weight.dtype)) != (out_dtype, out_dtype):
+        raise NotInteger(f"input {dtype_of(x)}, weight {weight.dtype}, output {out_dtype} "
                          "(all int8 or all uint8 only)")
     w_zp = 0
     if out_dtype == "int8" and w_q.zp.any():
         raise NotInteger("int8 weights with a nonzero zero point")
     if out_dtype == "uint8":
         w_zp = w_q.scalar("the uint8 weight")[1]
-    act = _clip_range(clip, (out_scale, out_zp), out_dtype)
+    act = clip_range(clip, (out_scale, out_zp), out_dtype)
 
     if core.op.name == "relax.matmul":
-        if len(_shape(x)) != 2 or weight.ndim != 2:
+        if len(shape_of(x)) != 2 or weight.ndim != 2:
             raise NotInteger("matmul that is not [rows, K] x [K, N]")
         op, n_out = "dense", weight.shape[1]
         attrs = None
@@ -340,7 +145,7 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
         attrs = core.attrs
         if (str(attrs.data_layout), str(attrs.out_layout)) != ("NHWC", "NHWC"):
             raise NotInteger(f"layout {attrs.data_layout} (NHWC only)")
-        in_c, groups = _shape(x)[3], int(attrs.groups)
+        in_c, groups = shape_of(x)[3], int(attrs.groups)
         if groups > 1 and groups == in_c and str(attrs.kernel_layout) == "HWOI":
             op = "depthwise_conv2d"
             # The frontend reshapes TFLite's [1, kh, kw, C*M] to HWOI; the dequantized
@@ -358,10 +163,10 @@ def _match_layer(graph: _Graph, quantize, clip) -> _Layer:
     if op == "depthwise_conv2d" and out_dtype != "int8":
         raise NotInteger("uint8 depthwise (the depthwise kernel is int8)")
     return _Layer(op, x, x_q, weight, w_scales, bias, (out_scale, out_zp), out_dtype, act,
-                  attrs, _shape(quantize), w_zp)
+                  attrs, shape_of(quantize), w_zp)
 
 
-def _transpose_conv_of(graph: _Graph, y):
+def _transpose_conv_of(graph: Graph, y):
     """(conv2d_transpose call, bias expression or None) if ``y`` is the frontend's
     quantized TRANSPOSE_CONV (``frontend._convert_transpose_conv``): the NCHW
     conv2d_transpose between two permute_dims, plus the bias; else None."""
@@ -381,12 +186,12 @@ def _transpose_conv_of(graph: _Graph, y):
     return None
 
 
-def _match_transpose_conv(graph: _Graph, quantize, clip, conv, bias_expr):
+def _match_transpose_conv(graph: Graph, quantize, clip, conv, bias_expr):
     """(zero-insertion _KernelCall, _Layer of the stride-1 conv after it) of a quantized
     TRANSPOSE_CONV (``schedules.transpose_conv``)."""
     from tvm_armq.schedules import transpose_conv as tc
 
-    out_q = _qparams(graph, quantize).scalar("the output")
+    out_q = qparams(graph, quantize).scalar("the output")
     if str(quantize.attrs.out_dtype) != "int8":
         raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
     a = conv.attrs
@@ -395,30 +200,30 @@ def _match_transpose_conv(graph: _Graph, quantize, clip, conv, bias_expr):
         raise NotInteger("a conv2d_transpose other than the frontend's TRANSPOSE_CONV")
     perm = graph.call(conv.args[0], "relax.permute_dims")
     x_deq = graph.call(perm.args[0], "relax.dequantize") if perm is not None else None
-    if x_deq is None or _dtype(x_deq.args[0]) != "int8":
+    if x_deq is None or dtype_of(x_deq.args[0]) != "int8":
         raise NotInteger("the input is not dequantized int8")
-    x, x_q = x_deq.args[0], _qparams(graph, x_deq).scalar("the input")
-    w_iohw, w_q = _dequantized_const(graph, conv.args[1], "the weight")
+    x, x_q = x_deq.args[0], qparams(graph, x_deq).scalar("the input")
+    w_iohw, w_q = dequantized_const(graph, conv.args[1], "the weight")
     if w_iohw.dtype != np.int8 or w_q.zp.any():
         raise NotInteger("weights that are not symmetric int8")
     w_ohwi = w_iohw.transpose(1, 2, 3, 0)
     n_out, kh, kw, _ = w_ohwi.shape
-    out_shape = _shape(quantize)
-    geom = tc.TransposeConvGeometry(*_shape(x)[1:3], *out_shape[1:3], kh, kw,
+    out_shape = shape_of(quantize)
+    geom = tc.TransposeConvGeometry(*shape_of(x)[1:3], *out_shape[1:3], kh, kw,
                                     tuple(int(v) for v in a.strides), int(a.padding[0]),
                                     int(a.padding[1]))
     try:
-        zero_insert = tc.zero_insert_func(_shape(x), geom, x_q[1])
+        zero_insert = tc.zero_insert_func(shape_of(x), geom, x_q[1])
     except ValueError as e:
         raise NotInteger(str(e)) from None
-    padded = (_shape(x)[0], *geom.padded_hw, _shape(x)[3])
+    padded = (shape_of(x)[0], *geom.padded_hw, shape_of(x)[3])
     data = _KernelCall(zero_insert, "zero_insert", [x], [], padded, None)
     w_scales = w_q.per_channel(n_out)
     bias = _int_bias(graph, bias_expr) if bias_expr is not None else np.zeros(n_out, np.int32)
     stride_one = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0),
                                        groups=1)
     layer = _Layer("conv2d", data, x_q, tc.flipped_hwio(w_ohwi), w_scales, bias, out_q, "int8",
-                   _clip_range(clip, out_q, "int8"), stride_one, out_shape)
+                   clip_range(clip, out_q, "int8"), stride_one, out_shape)
     return x, layer
 
 
@@ -468,52 +273,61 @@ def requant_rounding(layer: _Layer) -> str:
     return "single" if layer.op == "dense" and layer.out_dtype == "int8" else "double"
 
 
-def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=True):
-    """conv2d / dense as ``schedules.conv2d_gemm``; uint8 with a weight zero point also
-    runs ``schedules.conv2d_u8``'s row sums first.
+@dataclasses.dataclass(frozen=True)
+class _Options:
+    """How the pass builds kernels: for ``target``; a GEMM layer's func scheduled by
+    ``tuned_schedule(func, plan)`` where that gives one (a tuned schedule), else as its
+    plan says; ``schedule`` False leaves every kernel unscheduled (``quantized_to_integer``)."""
 
-    ``tasks`` (if not None) collects the unscheduled func, for the autotuner."""
+    target: object
+    tuned_schedule: object = None
+    schedule: bool = True
+
+
+def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
+    """conv2d / dense as ``schedules.conv2d_gemm``: one plan, its func, scheduled by
+    ``opts.tuned_schedule`` where that has a schedule, else by the plan; uint8 with a weight
+    zero point also runs ``schedules.conv2d_u8``'s row sums first."""
     from tvm_armq.intrinsics import kernels
     from tvm_armq.schedules import conv2d_gemm as cg
+    from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule, tir_util
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
 
     dtype = layer.out_dtype
     # the input: a graph variable, or a kernel's output (TRANSPOSE_CONV's zero insertion)
-    in_shape = layer.x.out_shape if isinstance(layer.x, _KernelCall) else _shape(layer.x)
+    in_shape = layer.x.out_shape if isinstance(layer.x, _KernelCall) else shape_of(layer.x)
     if layer.op == "dense":
         rows, k = in_shape
-        shape = cg.Conv2DShape.dense(rows, k, layer.weight.shape[1])
+        shape = Conv2DShape.dense(rows, k, layer.weight.shape[1])
         w_hwio = layer.weight[None, None]
     else:
         b, h, w, c = in_shape
         kh, kw, _, n = layer.weight.shape
-        shape = cg.Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
-                               **_conv_window(layer))
+        shape = Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
+                            **_conv_window(layer))
         w_hwio = layer.weight
     # one lookup in the selection table (a GEMM of one row takes a one-row kernel, one
-    # whose K is 1-8 past a multiple of 16 neon's 8-byte kernel)
+    # whose K is 1-8 past a multiple of 16 neon's 8-byte kernel), then one plan
+    target, schedule = opts.target, opts.schedule
     kernel = kernels.select(target, dtype, dtype, rows=shape.gemm_m, depth=shape.gemm_k)
-    tile = (kernel.mr, kernel.nr, kernel.kr)
+    plan = gemm_plan.plan(shape, kernel)
     mult, shift = _requant(layer)
     # the func may count on the layer's shifts: none above the largest (scales below 1
     # make it <= -1, and the epilogue leaves out the left shift and half the rounding fixup)
-    func = cg.conv2d_gemm_func(shape, tile, kernel=kernel, in_dtype=dtype, out_dtype=dtype,
-                               in_zp=layer.x_q[1], out_zp=layer.out_q[1],
-                               act_range=layer.act_range, w_zp=layer.w_zp,
-                               max_shift=int(shift.max()), rounding=requant_rounding(layer))
-    if tasks is not None:
-        tasks.append((func, kernel))
+    func = gemm_compute.conv2d_gemm_func(plan, in_dtype=dtype, out_dtype=dtype,
+                                         in_zp=layer.x_q[1], out_zp=layer.out_q[1],
+                                         act_range=layer.act_range, w_zp=layer.w_zp,
+                                         max_shift=int(shift.max()),
+                                         rounding=requant_rounding(layer))
     scheduled = None
-    if database is not None:
-        from . import tuning
-
-        scheduled = tuning.schedule_from_database(database, func, target)
+    if opts.tuned_schedule is not None:
+        scheduled = opts.tuned_schedule(func, plan)
     tuned = scheduled is not None
     if not tuned:
-        knobs = cg.default_knobs(shape, kernel)
-        scheduled = (cg.schedule_conv2d_gemm(func, kernel, target, knobs) if schedule
-                     else cg.merge_outputs(func))
-    consts = [cg.pack_weights(w_hwio, tile, shape.groups),
-              cg.fold_bias(w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult, shift]
+        scheduled = (gemm_schedule.schedule_conv2d_gemm(func, plan, target) if schedule
+                     else tir_util.merge_outputs(func))
+    consts = [*cg.constants(plan, w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult,
+              shift]
     data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
     after = []
     if layer.w_zp:  # the weight zero point needs each output pixel's sum of inputs
@@ -522,18 +336,17 @@ def _gemm_kernel(layer: _Layer, label: str, target, database, tasks, schedule=Tr
         f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
         after.append(_KernelCall(cu.schedule_row_sums(f) if schedule else f, "row_sums", data,
                                  [], (shape.gemm_m, shape.groups), None, "int32"))
-    tail = cg.tail_kernel(shape, kernel)
-    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned,
-                     tail.name if tail is not None else None)
+    tail = plan.tail.kernel.name if plan.tail is not None else None
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned, tail)
     return _KernelCall(scheduled, layer.op, data, consts,
                        (shape.gemm_m, shape.groups, shape.gemm_n), record, dtype, after)
 
 
-def _depthwise_kernel(layer: _Layer, label: str, target, database, tasks, schedule=True):
+def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
     """Depthwise conv2d as ``schedules.depthwise`` (one NEON schedule for every level)."""
     from tvm_armq.schedules import depthwise as dw
 
-    b, h, w, c = _shape(layer.x)
+    b, h, w, c = shape_of(layer.x)
     _, kh, kw, n = layer.weight.shape
     shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **_conv_window(layer))
     mult, shift = _requant(layer)
@@ -542,11 +355,12 @@ def _depthwise_kernel(layer: _Layer, label: str, target, database, tasks, schedu
     options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, **options)
-    scheduled = dw.schedule_depthwise(func, shape) if schedule else func
+    scheduled = dw.schedule_depthwise(func, shape) if opts.schedule else func
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
     record = Lowered(layer.op, label, (b, h, w, c), layer.out_shape,
-                     f"depthwise_s8s8s32_{kh}x{kw}_neon")
+                     names.kernel_name("depthwise", ("int8", "int8", "int32"), "neon", (kh, kw),
+                                       "pairs16" if options["int16_pairs"] else None))
     return _KernelCall(scheduled, layer.op, [layer.x], consts,
                        (b, shape.out_h, shape.out_w, n), record)
 
@@ -556,7 +370,7 @@ def _depthwise_kernel(layer: _Layer, label: str, target, database, tasks, schedu
 _FLOAT_ACTIVATIONS = {(0.0, 6.0): ACT_RELU6, (-1.0, 1.0): ACT_RELU_N1_TO_1}
 
 
-def _act_before(graph: _Graph, y):
+def _act_before(graph: Graph, y):
     """(expr under a float relu/relu6 clip, its TFLite activation) or (y, ACT_NONE)."""
     relu = graph.call(y, "relax.nn.relu")
     if relu is not None:
@@ -571,21 +385,21 @@ def _act_before(graph: _Graph, y):
     return y, ACT_NONE
 
 
-def _quantized_operand(graph: _Graph, expr, what: str):
+def _quantized_operand(graph: Graph, expr, what: str):
     """(int8 variable or constant array, (scale, zp)) of a dequantized per-tensor operand:
     ADD, SUB, MUL, MAXIMUM and MINIMUM take a constant operand (a batch-norm left as a
     per-channel MUL and ADD) exactly as they take a tensor."""
-    deq = _dequantize_of(graph, expr)
+    deq = dequantize_of(graph, expr)
     value = graph.const(deq.args[0]) if deq is not None else None
     if value is None:
         return _quantized_var(graph, expr, what)
     if value.dtype != np.int8:
         raise NotInteger(f"{what} is a {value.dtype} constant (int8 only)")
-    q = _qparams(graph, deq).scalar(what)
-    return value.reshape(_shape(expr)), q
+    q = qparams(graph, deq).scalar(what)
+    return value.reshape(shape_of(expr)), q
 
 
-def _binary_operands(graph: _Graph, core, op: str, symmetric: bool):
+def _binary_operands(graph: Graph, core, op: str, symmetric: bool):
     """((a, a_q), (b, b_q), swapped) of a two-input op, a constant operand (if any)
     second: for an op ``symmetric`` in its inputs the swap changes nothing; for SUB and
     SQUARED_DIFFERENCE ``swapped`` says the kernel must take its operands in the other
@@ -600,7 +414,7 @@ def _binary_operands(graph: _Graph, core, op: str, symmetric: bool):
     return (a, a_q), (b, b_q), swapped and not symmetric
 
 
-def _squared_difference(graph: _Graph, core):
+def _squared_difference(graph: Graph, core):
     """The ``subtract`` call of the frontend's SQUARED_DIFFERENCE (``d * d`` with
     ``d = dequantize(a) - dequantize(b)``), or None."""
     if core.op.name != "relax.multiply" or not core.args[0].same_as(core.args[1]):
@@ -614,7 +428,7 @@ _COMMON_SCALE_OPS = {"add": "ADD", "subtract": "SUB", "squared_difference": "SQU
 
 def _operand_shape(x) -> tuple[int, ...]:
     """The shape of a graph operand or of a constant operand."""
-    return tuple(x.shape) if isinstance(x, np.ndarray) else _shape(x)
+    return tuple(x.shape) if isinstance(x, np.ndarray) else shape_of(x)
 
 
 def _binary_call(func, op: str, a, b, out_shape, record) -> "_KernelCall":
@@ -624,15 +438,15 @@ def _binary_call(func, op: str, a, b, out_shape, record) -> "_KernelCall":
     return _KernelCall(func, op, [a, b], [], out_shape, record)
 
 
-def _quantized_var(graph: _Graph, expr, what: str):
+def _quantized_var(graph: Graph, expr, what: str):
     """(int8 variable, (scale, zp)) of ``dequantize(var)`` with per-tensor parameters."""
     deq = graph.call(expr, "relax.dequantize")
-    if deq is None or _is_const(deq.args[0]) or graph.const(deq.args[0]) is not None:
+    if deq is None or is_const(deq.args[0]) or graph.const(deq.args[0]) is not None:
         raise NotInteger(f"{what} is not a dequantized int8 tensor")
     x = deq.args[0]
-    if _dtype(x) != "int8":
-        raise NotInteger(f"{what} has dtype {_dtype(x)} (int8 only)")
-    return x, _qparams(graph, deq).scalar(what)
+    if dtype_of(x) != "int8":
+        raise NotInteger(f"{what} has dtype {dtype_of(x)} (int8 only)")
+    return x, qparams(graph, deq).scalar(what)
 
 
 def _out_range(clip, act, out_q) -> tuple[int, int]:
@@ -640,19 +454,19 @@ def _out_range(clip, act, out_q) -> tuple[int, int]:
     clip after it, both recomputed TFLite's way, intersected."""
     lo, hi = activation_range(act, out_q[0], out_q[1], "int8")
     if clip is not None:
-        clo, chi = _fused_activation(*(float(v.value) for v in clip.args[1:3]), *out_q, "int8")
+        clo, chi = fused_activation(*(float(v.value) for v in clip.args[1:3]), *out_q, "int8")
         lo, hi = max(lo, clo), min(hi, chi)
     return lo, hi
 
 
-def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
+def _int8_op(graph: Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
     """The non-GEMM int8 ops (``schedules.int8_ops``), TFLite's reference arithmetic."""
     from tvm_armq.schedules import int8_ops as ops
 
-    out_q = _qparams(graph, quantize).scalar("the output")
+    out_q = qparams(graph, quantize).scalar("the output")
     if str(quantize.attrs.out_dtype) != "int8":
         raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
-    out_shape = _shape(quantize)
+    out_shape = shape_of(quantize)
     y, act = _act_before(graph, quantize.args[0])
     core = graph.call(y, "relax.add", "relax.subtract", "relax.multiply", "relax.maximum",
                       "relax.minimum", "relax.mean", "relax.concat", "relax.nn.softmax",
@@ -663,7 +477,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
     act_range = _out_range(clip, act, out_q)
 
     def record(kernel, inputs):
-        return Lowered(op, label, _shape(inputs[0]), out_shape, kernel)
+        return Lowered(op, label, shape_of(inputs[0]), out_shape, kernel)
 
     square = _squared_difference(graph, core)
     if square is not None:  # SQUARED_DIFFERENCE: the frontend's d * d of d = a - b
@@ -674,7 +488,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
                                                        symmetric=op in ("add", "multiply"))
         try:
             if op == "multiply":
-                func = ops.mul_func(_shape(a), _operand_shape(b), out_shape, a_q, b_q, out_q,
+                func = ops.mul_func(shape_of(a), _operand_shape(b), out_shape, a_q, b_q, out_q,
                                     act_range)
             else:
                 (x, x_q), (y, y_q) = ((b, b_q), (a, a_q)) if swapped else ((a, a_q), (b, b_q))
@@ -682,7 +496,7 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
                                     out_q, act_range, op=_COMMON_SCALE_OPS[op], b_first=swapped)
         except ValueError as e:  # TFLite's Prepare refuses these scales too
             raise NotInteger(f"{op}: {e}") from None
-        return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8_tflite", [a]))
+        return _binary_call(func, op, a, b, out_shape, record(names.elementwise_name(op), [a]))
     if act != ACT_NONE or act_range != (-128, 127):
         raise NotInteger(f"{op} followed by an activation")
     if op == "image.resize2d":  # RESIZE_BILINEAR: quantize(resize2d(dequantize(x)))
@@ -696,52 +510,57 @@ def _int8_op(graph: _Graph, quantize, clip, label: str) -> _KernelCall | _Concat
             raise NotInteger("a select that is not the frontend's PRELU")
         alpha, alpha_q = _quantized_operand(graph, negative.args[1], "the PRELU alpha")
         try:
-            func = ops.prelu_func(_shape(x), _operand_shape(alpha), x_q, alpha_q, out_q)
+            func = ops.prelu_func(shape_of(x), _operand_shape(alpha), x_q, alpha_q, out_q)
         except ValueError as e:  # TFLite's Prepare refuses these scales too
             raise NotInteger(str(e)) from None
         return _binary_call(func, "prelu", x, alpha, out_shape,
-                            Lowered("prelu", label, _shape(x), out_shape, "prelu_s8_tflite"))
+                            Lowered("prelu", label, shape_of(x), out_shape,
+                                    names.elementwise_name("prelu")))
     if op in ("maximum", "minimum"):  # raw 8-bit comparisons (TFLite rescales nothing)
         (a, _), (b, _), _ = _binary_operands(graph, core, op, symmetric=True)
-        func = ops.min_max_func(op, _shape(a), _operand_shape(b), out_shape)
-        return _binary_call(func, op, a, b, out_shape, record(f"{op}_s8", [a]))
+        func = ops.min_max_func(op, shape_of(a), _operand_shape(b), out_shape)
+        return _binary_call(func, op, a, b, out_shape, record(names.elementwise_name(op), [a]))
     if op == "mean":
         x, x_q = _quantized_var(graph, core.args[0], "the mean input")
         axes = [int(v) for v in core.attrs.axis]
-        func = ops.mean_func(_shape(x), axes, bool(core.attrs.keepdims), x_q, out_q)
-        return _KernelCall(func, op, [x], [], out_shape, record("mean_s8_tflite", [x]))
+        func = ops.mean_func(shape_of(x), axes, bool(core.attrs.keepdims), x_q, out_q)
+        return _KernelCall(func, op, [x], [], out_shape,
+                           record(names.elementwise_name("mean"), [x]))
     if op == "softmax":
         x, x_q = _quantized_var(graph, core.args[0], "the softmax input")
-        if int(core.attrs.axis) not in (-1, len(_shape(x)) - 1):
+        if int(core.attrs.axis) not in (-1, len(shape_of(x)) - 1):
             raise NotInteger("softmax over an axis other than the last")
         if out_q != (1.0 / 256, -128):
             raise NotInteger(f"softmax output quantization {out_q} (TFLite's is 1/256, -128)")
-        func, table = ops.softmax_func(_shape(x), x_q)
-        return _KernelCall(func, op, [x], [table], out_shape, record("softmax_s8_tflite", [x]))
+        func, table = ops.softmax_func(shape_of(x), x_q)
+        return _KernelCall(func, op, [x], [table], out_shape,
+                           record(names.elementwise_name("softmax"), [x]))
     if op == "dequantize":  # quantize(dequantize(x)): TFLite's QUANTIZE, a requantization
         x, x_q = _quantized_var(graph, core, "the input")
-        func = ops.requantize_func(_shape(x), x_q, out_q)
+        func = ops.requantize_func(shape_of(x), x_q, out_q)
         return _KernelCall(func, "requantize", [x], [], out_shape,
-                           Lowered("quantize", label, _shape(x), out_shape, "requantize_s8"))
+                           Lowered("quantize", label, shape_of(x), out_shape,
+                                   names.elementwise_name("requantize")))
     # concat: inputs already in the output's quantization are copied as they are; the
     # others are requantized first (what TFLite's converter puts in front of them).
     parts = []
     for i, e in enumerate(core.args[0].fields if hasattr(core.args[0], "fields")
                           else graph.defs[core.args[0]].fields):
         x, x_q = _quantized_var(graph, e, f"concat input {i}")
-        func = None if x_q == out_q else ops.requantize_func(_shape(x), x_q, out_q)
-        parts.append(_KernelCall(func, "requantize", [x], [], _shape(x), None))
-    kernel = "concat_s8" + ("" if all(p.func is None for p in parts) else "+requantize_s8")
+        func = None if x_q == out_q else ops.requantize_func(shape_of(x), x_q, out_q)
+        parts.append(_KernelCall(func, "requantize", [x], [], shape_of(x), None))
+    kernel = names.elementwise_name("concat") + (
+        "" if all(p.func is None for p in parts) else "+" + names.elementwise_name("requantize"))
     return _Concat(parts, int(core.attrs.axis),
-                   Lowered("concat", label, _shape(parts[0].inputs[0]), out_shape, kernel))
+                   Lowered("concat", label, shape_of(parts[0].inputs[0]), out_shape, kernel))
 
 
-def _float_const(graph: _Graph, expr) -> float | None:
+def _float_const(graph: Graph, expr) -> float | None:
     value = graph.const(expr)
     return float(value.reshape(())) if value is not None and value.size == 1 else None
 
 
-def _unary_of(graph: _Graph, y):
+def _unary_of(graph: Graph, y):
     """(TFLite op, the ``dequantize`` call, options) if ``y`` is the frontend's float form
     of an 8-bit unary op that ``schedules.lut`` tabulates, else None::
 
@@ -781,11 +600,10 @@ def _unary_of(graph: _Graph, y):
     return "HARD_SWISH", deq, {}
 
 
-_SHORT_DTYPE = {"int8": "s8", "uint8": "u8"}  # the naming grammar's dtype letters
 _RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RELU_N1_TO_1}
 
 
-def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
+def _lut(graph: Graph, quantize, clip, unary, label: str) -> _KernelCall:
     """An 8-bit unary op as a 256-entry table of TFLite's arithmetic (``schedules.lut``)."""
     from tvm_armq.schedules import lut
 
@@ -793,18 +611,18 @@ def _lut(graph: _Graph, quantize, clip, unary, label: str) -> _KernelCall:
     if clip is not None:
         raise NotInteger(f"{op} followed by a clip")
     dtype = str(quantize.attrs.out_dtype)
-    x, in_q = deq.args[0], _qparams(graph, deq).scalar("the input")
-    if graph.const(x) is not None or _dtype(x) != dtype or dtype not in lut.DTYPES:
-        raise NotInteger(f"{op} of a {_dtype(x)} input to {dtype} (8-bit tensors only)")
-    out_q = _qparams(graph, quantize).scalar("the output")
+    x, in_q = deq.args[0], qparams(graph, deq).scalar("the input")
+    if graph.const(x) is not None or dtype_of(x) != dtype or dtype not in lut.DTYPES:
+        raise NotInteger(f"{op} of a {dtype_of(x)} input to {dtype} (8-bit tensors only)")
+    out_q = qparams(graph, quantize).scalar("the output")
     if op in _RELU_ACTIVATIONS:  # its clamp: the range TFLite gives the activation
         options = {"act_range": activation_range(_RELU_ACTIVATIONS[op], *out_q, dtype)}
     try:
         table = lut.table(op, in_q, out_q, dtype, **options)
     except ValueError as e:  # TFLite's Prepare refuses these parameters too
         raise NotInteger(str(e)) from None
-    shape = _shape(quantize)
-    record = Lowered(op.lower(), label, _shape(x), shape, f"lut_{_SHORT_DTYPE[dtype]}_tflite")
+    shape = shape_of(quantize)
+    record = Lowered(op.lower(), label, shape_of(x), shape, names.elementwise_name("lut", dtype))
     return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape, record, dtype)
 
 
@@ -813,7 +631,7 @@ _RESIZE_MODES = {"asymmetric": (False, False), "align_corners": (True, False),
                  "half_pixel": (False, True)}
 
 
-def _resize(graph: _Graph, call, x, label: str) -> _KernelCall:
+def _resize(graph: Graph, call, x, label: str) -> _KernelCall:
     """RESIZE_BILINEAR / RESIZE_NEAREST_NEIGHBOR of the int8 tensor ``x`` as
     ``schedules.resize``: TFLite interpolates the raw 8-bit values (no rescaling)."""
     from tvm_armq.schedules import resize
@@ -823,12 +641,12 @@ def _resize(graph: _Graph, call, x, label: str) -> _KernelCall:
     if str(a.layout) != "NHWC" or method not in ("linear", "nearest_neighbor") or \
             mode not in _RESIZE_MODES:
         raise NotInteger(f"resize2d {method} {mode} {a.layout} (TFLite's NHWC resizes only)")
-    if _dtype(x) != "int8":
-        raise NotInteger(f"resize of a {_dtype(x)} tensor (int8 only)")
+    if dtype_of(x) != "int8":
+        raise NotInteger(f"resize of a {dtype_of(x)} tensor (int8 only)")
     align, half = _RESIZE_MODES[mode]
     if method == "nearest_neighbor" and half and str(a.rounding_method) == "":
         align = True  # the frontend leaves the rounding unset for both flags together
-    in_shape, out_shape = _shape(x), _shape(call)
+    in_shape, out_shape = shape_of(x), shape_of(call)
     linear = method == "linear"
     make = resize.bilinear_table if linear else resize.nearest_table
     try:
@@ -839,28 +657,29 @@ def _resize(graph: _Graph, call, x, label: str) -> _KernelCall:
         in_shape, out_shape[1:3])
     op = "resize_bilinear" if linear else "resize_nearest"
     return _KernelCall(func, op, [x], tables, out_shape,
-                       Lowered(op, label, in_shape, out_shape, f"{op}_s8_tflite"))
+                       Lowered(op, label, in_shape, out_shape, names.elementwise_name(op)))
 
 
-def _avg_pool(graph: _Graph, cast, label: str) -> _KernelCall:
+def _avg_pool(graph: Graph, cast, label: str) -> _KernelCall:
     """astype(avg_pool2d(astype(x, int32)), int8), the frontend's integer AVERAGE_POOL_2D,
     with TFLite's rounding of the average (the frontend's division truncates)."""
     from tvm_armq.schedules import int8_ops as ops
 
     pool = graph.call(cast.args[0], "relax.nn.avg_pool2d")
     widen = graph.call(pool.args[0], "relax.astype") if pool is not None else None
-    if widen is None or _dtype(widen.args[0]) != "int8" or str(cast.attrs.dtype) != "int8":
+    if widen is None or dtype_of(widen.args[0]) != "int8" or str(cast.attrs.dtype) != "int8":
         raise NotInteger("not an int8 average pool")
     a = pool.attrs
     if str(a.layout) != "NHWC" or bool(a.ceil_mode) or bool(a.count_include_pad) or \
             any(int(d) != 1 for d in a.dilation):
         raise NotInteger("average pool other than TFLite's (NHWC, no ceil, pads not counted)")
     x = widen.args[0]
-    func = ops.avg_pool_func(_shape(x), tuple(int(v) for v in a.pool_size),
+    func = ops.avg_pool_func(shape_of(x), tuple(int(v) for v in a.pool_size),
                              tuple(int(v) for v in a.strides),
                              tuple(int(v) for v in a.padding))
-    return _KernelCall(func, "avg_pool2d", [x], [], _shape(cast),
-                       Lowered("avg_pool2d", label, _shape(x), _shape(cast), "avg_pool_s8_tflite"))
+    return _KernelCall(func, "avg_pool2d", [x], [], shape_of(cast),
+                       Lowered("avg_pool2d", label, shape_of(x), shape_of(cast),
+                               names.elementwise_name("avg_pool")))
 
 
 # ------------------------------------------------------------------ the pass
@@ -871,11 +690,10 @@ def _lowering_rewriter():
     class Rewriter(relax.PyExprMutator):
         """Replaces each matched quantize (or clip-of-quantize) by the integer kernel call."""
 
-        def __init__(self, mod, func, target, database, tasks, schedule):
+        def __init__(self, mod, func, opts: _Options):
             super().__init__(mod)
-            self.tasks, self.schedule = tasks, schedule
-            self.graph = _Graph(func)
-            self.target, self.database = target, database
+            self.opts = opts
+            self.graph = Graph(func)
             self.report: list = []
             self.var_of = {value: var for var, value in self.graph.defs.items()}
             # quantize results whose only use is a clip: the clip is the layer's end
@@ -897,7 +715,7 @@ def _lowering_rewriter():
                     lowered = self._lower(label, q, call)
             elif name == "relax.quantize" and var not in self.fused:
                 lowered = self._lower(label, call, None)
-            elif name == "relax.image.resize2d" and _dtype(call.args[0]) == "int8":
+            elif name == "relax.image.resize2d" and dtype_of(call.args[0]) == "int8":
                 # RESIZE_NEAREST_NEIGHBOR: the frontend resizes the int8 tensor itself
                 lowered = self._try(label, "resize_nearest",
                                     lambda: _resize(self.graph, call, call.args[0], label))
@@ -939,27 +757,27 @@ def _lowering_rewriter():
         def _gemm(self, label, quantize, clip) -> _KernelCall:
             layer = _match_layer(self.graph, quantize, clip)
             make = _depthwise_kernel if layer.op == "depthwise_conv2d" else _gemm_kernel
-            return make(layer, label, self.target, self.database, self.tasks, self.schedule)
+            return make(layer, label, self.opts)
 
         def _transpose_conv(self, label, quantize, clip, conv, bias) -> _KernelCall:
             """TRANSPOSE_CONV: zero insertion, then the GEMM convolution of the target."""
             x, layer = _match_transpose_conv(self.graph, quantize, clip, conv, bias)
-            kc = _gemm_kernel(layer, label, self.target, self.database, self.tasks,
-                              self.schedule)
-            kc.record = dataclasses.replace(kc.record, op="transpose_conv", in_shape=_shape(x),
-                                            kernel=f"zero_insert_s8+{kc.record.kernel}")
+            kc = _gemm_kernel(layer, label, self.opts)
+            kc.record = dataclasses.replace(kc.record, op="transpose_conv", in_shape=shape_of(x),
+                                            kernel=names.elementwise_name("zero_insert")
+                                            + "+" + kc.record.kernel)
             return kc
 
         def _call_tir(self, kc: _KernelCall):
             """Emit ``kc``; returns the output expression (not yet bound)."""
             args = []
             for item in kc.inputs:
-                x, shape = item if isinstance(item, tuple) else (item, _shape(item))
+                x, shape = item if isinstance(item, tuple) else (item, shape_of(item))
                 if isinstance(x, _KernelCall):  # a kernel's output is this one's input
                     args.append(self.builder_.emit(self._call_tir(x)))
                     continue
                 new = self.visit_expr(x)
-                args.append(new if _shape(x) == tuple(shape)
+                args.append(new if shape_of(x) == tuple(shape)
                             else self.builder_.emit(relax.op.reshape(new, shape)))
             # te.create_prim_func names every func "main"; the module names them instead
             gv = self.builder_.add_func(kc.func.without_attr("global_symbol"),
@@ -975,7 +793,7 @@ def _lowering_rewriter():
                 parts = [self.builder_.emit(self._call_tir(p)) if p.func is not None
                          else self.visit_expr(p.inputs[0]) for p in made.parts]
                 self.report.append(made.record)
-                dtype = _dtype(parts[0])
+                dtype = dtype_of(parts[0])
                 func = ops.concat_func([p.out_shape for p in made.parts], made.axis,
                                               dtype)
                 gv = self.builder_.add_func(func.without_attr("global_symbol"),
@@ -993,65 +811,32 @@ def _lowering_rewriter():
 
 
 def _op_names(value) -> tuple[str, ...]:
-    """The op name of a Call to an op (for ``_Graph.call``), else nothing."""
+    """The op name of a Call to an op (for ``Graph.call``), else nothing."""
     op = getattr(value, "op", None)
-    return (op.name,) if isinstance(op, _op_type()) else ()
+    return (op.name,) if isinstance(op, op_type()) else ()
 
 
 
-def quantized_to_integer(target, database=None, report: list | None = None,
-                         tasks: list | None = None, *, schedule: bool = True):
-    """The pass: every matched quantized conv/depthwise/dense of every Relax function
-    becomes a tvm_armq kernel for ``target``, scheduled from the tuning ``database`` where
-    it has the layer, else with the default knobs. ``report`` (if given) receives one
-    ``Lowered`` or ``Fallback`` record per quantized layer; ``tasks`` (if given) receives
-    (unscheduled PrimFunc, kernel record) for every GEMM layer.
-    ``schedule=False`` leaves the kernels unscheduled: for ``inspect``, never for a build.
+def quantized_to_integer(target, *, tuned_schedule=None, report: list | None = None,
+                         schedule: bool = True):
+    """The pass: every matched quantized layer of every Relax function becomes a tvm_armq
+    kernel for ``target``. ``report`` (if given) receives one ``Lowered`` or ``Fallback``
+    record per quantized layer.
+
+    A GEMM layer (conv2d / dense) is one unscheduled func and its plan
+    (``schedules.gemm_plan``); ``tuned_schedule(func, plan)``, if given, returns a tuned
+    schedule of it or None, and the plan's default schedule runs where it gives none (the
+    tuner's ``tuning.database_schedule`` replays a database; its task extraction records
+    the layers). ``schedule=False`` leaves the kernels unscheduled: for ``inspect`` and
+    task extraction, never for a build.
     """
     import tvm
+
+    opts = _Options(target, tuned_schedule, schedule)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.QuantizedToInteger")
     def run(mod, _ctx):
         rewriter_cls = _lowering_rewriter()
-        return rewrite_functions(
-            mod, lambda m, f: rewriter_cls(m, f, target, database, tasks, schedule), report)
+        return rewrite_functions(mod, lambda m, f: rewriter_cls(m, f, opts), report)
 
     return run
-
-
-def rewrite_functions(mod, make_rewriter, report: list | None = None):
-    """``mod`` with every Relax function rewritten by ``make_rewriter(mod, func)`` (a
-    ``PyExprMutator`` that collects records in ``.report``), then the float ops the
-    rewrites left unused removed."""
-    from tvm import relax
-
-    out = mod
-    for gv, func in list(mod.functions.items()):
-        if not isinstance(func, relax.Function):
-            continue
-        rw = make_rewriter(out, func)
-        rw.builder_.update_func(gv, rw.visit_expr(func))
-        out = rw.builder_.get()
-        if report is not None:
-            report.extend(rw.report)
-    return relax.transform.DeadCodeElimination()(out)
-
-
-def gemm_tasks(model, target) -> list:
-    """The distinct GEMM layers of a TFLite model as tuning tasks for ``target``:
-    [(name, unscheduled conv2d_gemm PrimFunc, kernel record)], in model order."""
-    import tvm_ffi
-
-    from .build import import_tflite, resolve_target
-
-    target = resolve_target(target)
-    found: list = []
-    with target:
-        quantized_to_integer(target, tasks=found, schedule=False)(import_tflite(model))
-    tasks, seen = [], set()
-    for func, kernel in found:
-        key = tvm_ffi.structural_hash(func)
-        if key not in seen:
-            seen.add(key)
-            tasks.append((f"conv2d_gemm_{len(tasks)}", func, kernel))
-    return tasks

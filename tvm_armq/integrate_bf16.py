@@ -38,7 +38,9 @@ import dataclasses
 
 import numpy as np
 
-from .integrate import Fallback, Lowered, _Graph, _dtype, _shape, rewrite_functions
+from . import targets
+from .graph import Graph, dtype_of, rewrite_functions, shape_of
+from .report import Fallback, Lowered
 
 FLOAT = "float32"
 OP = "conv2d_bf16"
@@ -72,7 +74,7 @@ class _FloatLayer:
 
     op: str                 # "conv2d" | "dense"
     x: object               # the fp32 input variable
-    shape: object           # schedules.conv2d_gemm.Conv2DShape (dense: the 1x1 case)
+    shape: object           # schedules.gemm_layout.Conv2DShape (dense: the 1x1 case)
     weight: np.ndarray      # fp32 HWIO (dense: [1, 1, K, N])
     bias: np.ndarray        # fp32 [out_c]
     act_range: tuple | None  # (lo, hi) of the fused activation, either side None: open
@@ -80,9 +82,9 @@ class _FloatLayer:
 
 
 def _conv_shape(x, weight: np.ndarray, attrs):
-    from tvm_armq.schedules.conv2d_gemm import Conv2DShape
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
 
-    b, h, w, c = _shape(x)
+    b, h, w, c = shape_of(x)
     kh, kw, _, n = weight.shape
     return Conv2DShape(b, h, w, c, n, kh, kw,
                        strides=tuple(int(v) for v in attrs.strides),
@@ -91,20 +93,20 @@ def _conv_shape(x, weight: np.ndarray, attrs):
                        groups=int(attrs.groups))
 
 
-def _match_core(graph: _Graph, core) -> tuple[str, object, object, np.ndarray]:
+def _match_core(graph: Graph, core) -> tuple[str, object, object, np.ndarray]:
     """(op, input, Conv2DShape, fp32 HWIO weight) of a float conv2d / matmul call."""
-    from tvm_armq.schedules.conv2d_gemm import Conv2DShape
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
 
     x = core.args[0]
-    if _dtype(x) != FLOAT or _dtype(core) != FLOAT:
-        raise NotBf16(f"dtype {_dtype(x)} -> {_dtype(core)} (float32 only)")
+    if dtype_of(x) != FLOAT or dtype_of(core) != FLOAT:
+        raise NotBf16(f"dtype {dtype_of(x)} -> {dtype_of(core)} (float32 only)")
     weight = graph.const(core.args[1])
     if weight is None:
         raise NotBf16("the weight is not a constant")
     if weight.dtype != np.float32:
         raise NotBf16(f"weight dtype {weight.dtype} (float32 only)")
     if core.op.name == "relax.matmul":
-        in_shape = _shape(x)
+        in_shape = shape_of(x)
         if weight.ndim != 2 or len(in_shape) < 1 or in_shape[-1] != weight.shape[0]:
             raise NotBf16(f"matmul {in_shape} x {weight.shape} is not [..., K] x [K, N]")
         rows = int(np.prod(in_shape[:-1], dtype=np.int64))
@@ -112,7 +114,7 @@ def _match_core(graph: _Graph, core) -> tuple[str, object, object, np.ndarray]:
     attrs = core.attrs
     if (str(attrs.data_layout), str(attrs.out_layout)) != ("NHWC", "NHWC"):
         raise NotBf16(f"layout {attrs.data_layout} -> {attrs.out_layout} (NHWC only)")
-    in_c, groups = _shape(x)[3], int(attrs.groups)
+    in_c, groups = shape_of(x)[3], int(attrs.groups)
     if groups > 1 and groups == in_c:
         raise NotBf16("no bf16 depthwise kernel (kh * kw products per output: too "
                       "little reduction for bfmmla)")
@@ -123,7 +125,7 @@ def _match_core(graph: _Graph, core) -> tuple[str, object, object, np.ndarray]:
     return "conv2d", x, _conv_shape(x, weight, attrs), weight
 
 
-def _bias_of(graph: _Graph, add, y, n_out: int, out_ndim: int) -> np.ndarray | None:
+def _bias_of(graph: Graph, add, y, n_out: int, out_ndim: int) -> np.ndarray | None:
     """The per-channel fp32 bias of ``add(y, b)`` / ``add(b, y)``, or None if the other arm
     is not a constant that broadcasts along the channel axis only."""
     other = add.args[1] if add.args[0].same_as(y) else add.args[0]
@@ -154,7 +156,7 @@ class _Chains:
     """Every float conv2d / matmul of a function, matched: which binding ends each chain
     (the layer, to lower there) and which cores stay fp32 (the reason)."""
 
-    def __init__(self, graph: _Graph):
+    def __init__(self, graph: Graph):
         from tvm import relax
 
         self.graph = graph
@@ -170,7 +172,7 @@ class _Chains:
             if graph.call(value, *_CORES) is None:
                 continue
             op = "dense" if value.op.name == "relax.matmul" else "conv2d"
-            if op == "conv2d" and int(value.attrs.groups) == _shape(value.args[0])[3] > 1:
+            if op == "conv2d" and int(value.attrs.groups) == shape_of(value.args[0])[3] > 1:
                 op = "depthwise_conv2d"
             try:
                 self._match(var, value)
@@ -187,7 +189,7 @@ class _Chains:
 
     def _match(self, var, core):
         op, x, shape, weight = _match_core(self.graph, core)
-        out_ndim = len(_shape(core))
+        out_ndim = len(shape_of(core))
         end, bias, act = var, None, None
         nxt = self._only_user(end)
         if nxt is not None and self.graph.call(nxt[1], "relax.add") is not None:
@@ -202,23 +204,23 @@ class _Chains:
         if bias is None:
             bias = np.zeros(shape.out_c, np.float32)
         self.layers[end] = _FloatLayer(op, x, shape, weight, bias, act,
-                                       _shape(self.graph.defs[end]))
+                                       shape_of(self.graph.defs[end]))
 
 
 # ------------------------------------------------------------------ the kernel
 def _bf16_call(layer: _FloatLayer, target, schedule: bool):
     """(PrimFunc, data shape, [B_packed, bias], kernel out shape, kernel name) of a layer."""
     from tvm_armq.schedules import conv2d_bf16 as cb
-    from tvm_armq.schedules import conv2d_gemm as cg
+    from tvm_armq.schedules import gemm_plan
 
     kernel = bf16_kernel(target)
-    tile = (kernel.mr, kernel.nr, kernel.kr)
     s = layer.shape
-    func = cb.conv2d_bf16_func(s, tile, act_range=layer.act_range)
+    plan = gemm_plan.plan(s, kernel)
+    func = cb.conv2d_bf16_func(plan, act_range=layer.act_range)
     func = func.with_attr({"tvm_armq.op": OP, "tvm_armq.kernel": kernel.name})
     if schedule:
-        func = cb.schedule_conv2d_bf16(func, kernel, target, cg.default_knobs(s, kernel))
-    consts = [cb.pack_weights_bf16(layer.weight, tile, s.groups),
+        func = cb.schedule_conv2d_bf16(func, plan, target)
+    consts = [cb.pack_weights_bf16(layer.weight, plan.main.tile, s.groups),
               layer.bias.astype(np.float32)]
     data_shape = (s.batch, s.in_h, s.in_w, s.in_c)
     return func, data_shape, consts, (s.gemm_m, s.groups, s.gemm_n), kernel.name
@@ -236,7 +238,7 @@ def _bf16_rewriter():
         def __init__(self, mod, func, target, schedule):
             super().__init__(mod)
             self.target, self.schedule = target, schedule
-            self.chains = _Chains(_Graph(func))
+            self.chains = _Chains(Graph(func))
             self.var_of = {value: var for var, value in self.chains.graph.defs.items()}
             self.report: list = []
 
@@ -254,7 +256,7 @@ def _bf16_rewriter():
             func, data_shape, consts, out_shape, kname = _bf16_call(layer, self.target,
                                                                     self.schedule)
             x = self.visit_expr(layer.x)
-            if _shape(layer.x) != data_shape:  # dense: rows x K seen as an NHWC image
+            if shape_of(layer.x) != data_shape:  # dense: rows x K seen as an NHWC image
                 x = self.builder_.emit(relax.op.reshape(x, data_shape))
             # te.create_prim_func names every func "main"; the module names them instead
             gv = self.builder_.add_func(func.without_attr("global_symbol"), f"tvm_armq_{OP}")
@@ -262,7 +264,7 @@ def _bf16_rewriter():
                                     relax.TensorType(out_shape, FLOAT))
             if tuple(out_shape) != tuple(layer.out_shape):
                 out = relax.op.reshape(self.builder_.emit(out), layer.out_shape)
-            self.report.append(Lowered(layer.op, label, _shape(layer.x), layer.out_shape,
+            self.report.append(Lowered(layer.op, label, shape_of(layer.x), layer.out_shape,
                                        kname))
             return out
 
@@ -273,7 +275,7 @@ def float_to_bf16(target, report: list | None = None, *, schedule: bool = True):
     """The pass: every matched fp32 conv2d / dense of every Relax function becomes the bf16
     GEMM kernel for ``target`` (weights rounded to bf16 and packed now, activations rounded
     on the fly, fp32 accumulation, bias and activation fused). ``report`` (if given)
-    receives one ``integrate.Lowered`` per lowered layer and one ``integrate.Fallback``
+    receives one ``report.Lowered`` per lowered layer and one ``report.Fallback``
     per float conv2d / matmul left in fp32, in model order. ``schedule=False`` leaves the
     kernels unscheduled: for inspection, never for a build.
 
@@ -282,9 +284,7 @@ def float_to_bf16(target, report: list | None = None, *, schedule: bool = True):
     """
     import tvm
 
-    from .build import resolve_target
-
-    target = resolve_target(target)
+    target = targets.resolve(target)
     bf16_kernel(target)  # the error before any work, not from inside the pass machinery
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.FloatToBf16")

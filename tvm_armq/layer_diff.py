@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from .frontend import operator_name, operator_of
+from .report import Lowered
 from .tflite_model import TFLiteModel
 
 
@@ -68,7 +69,7 @@ def keep_every_layer(mod):
 
 def _kernels(report: list) -> dict[str, str]:
     """Relax variable name -> the kernel the pass chose for it (or "float (QDQ)")."""
-    return {r.name: ("float (QDQ)" if hasattr(r, "reason") else r.kernel) for r in report}
+    return {r.name: (r.kernel if isinstance(r, Lowered) else "float (QDQ)") for r in report}
 
 
 def _reference_tensors(model: TFLiteModel, inputs, operators) -> list[np.ndarray]:
@@ -85,18 +86,18 @@ def diff_layers(model, level: str, session, inputs=None, *, stock: bool = False,
     path) instead of tvm_armq's kernels. Returns one ``LayerDiff`` per operator, in order."""
     import tvm
 
-    from . import build, hooks
+    from . import build, export, hooks, targets, tflite_import
 
     model = TFLiteModel.load(model)
     inputs = model.random_inputs() if inputs is None else inputs
-    mod, operators = keep_every_layer(build.import_tflite(model))
-    target = build.resolve_target(level)
+    mod, operators = keep_every_layer(tflite_import.import_tflite(model))
+    target = targets.resolve(level)
     report: list = []
     if not stock:
         mod = build.lower(mod, target, report=report)
     exe = tvm.compile(mod, target=target, relax_pipeline=hooks.stock_pipeline())
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
-        lib = build.export_aarch64(exe, Path(tmp) / "layers.so")
+        lib = export.export_aarch64(exe, Path(tmp) / "layers.so")
         got = build.run_on_device(session, lib, inputs)
     expected = _reference_tensors(model, inputs, operators)
     kernels = _kernels(report)

@@ -13,7 +13,9 @@ Each level is one ``IsaLevel`` record: the TVM target that compiles code for it
 and the qemu CPU model that runs that code (and only that code: an instruction
 the level lacks dies with SIGILL under that CPU, as it would on silicon).
 
-``target(name)`` returns a JSON target dict for a level or for a named core.
+``target(name)`` returns a JSON target dict for a level or for a named core, and
+``resolve(target)`` makes a ``tvm.target.Target`` of any target tvm_armq is given (a level
+or core name, a JSON dict or string, a Target): targets are resolved here and nowhere else.
 The i8mm level deliberately has no ``mcpu``: an ``mcpu`` such as neoverse-n2
 turns SVE on, and the emulated i8mm CPU has SVE off.
 """
@@ -82,6 +84,11 @@ def level(name: str) -> IsaLevel:
 
 def target(name: str) -> dict:
     """JSON target dict for an ISA level (``neon``, ``dotprod``, ``i8mm``) or a named core."""
+    return preset(name)
+
+
+def preset(name: str) -> dict:
+    """``target``: the JSON target dict of an ISA level or a named core."""
     if name in LEVELS:
         return LEVELS[name].target()
     if name in _CORES:
@@ -90,3 +97,29 @@ def target(name: str) -> dict:
     raise UnknownIsaError(
         f"unknown target preset {name!r}: expected an ISA level ({', '.join(LEVELS)}) "
         f"or a core ({', '.join(_CORES)})")
+
+
+def resolve(target):
+    """A ``tvm.target.Target`` from an ISA level or core name (``neon``, ``cortex-a76``,
+    ...), a JSON target dict or string, or a Target (returned as it is). Every target
+    tvm_armq is given goes through here."""
+    import tvm
+
+    if isinstance(target, tvm.target.Target):
+        return target
+    if isinstance(target, str) and not target.lstrip().startswith("{"):
+        try:
+            return tvm.target.Target(preset(target))
+        except UnknownIsaError:
+            if " " not in target and target not in ("llvm", "c"):
+                raise
+    return tvm.target.Target(target)
+
+
+def describe(target) -> str:
+    """A short label of a target for messages: kind, triple, cpu and features."""
+    attrs = target.attrs
+    parts = [target.kind.name] + [str(attrs[k]) for k in ("mtriple", "mcpu") if k in attrs]
+    if "mattr" in attrs and len(attrs["mattr"]):
+        parts.append(",".join(str(m) for m in attrs["mattr"]))
+    return " ".join(parts)

@@ -1,9 +1,10 @@
 """Autotuning: MetaSchedule searches tvm_armq's GEMM schedules, timed on an aarch64 device.
 
 Read this first. A tuning *task* is one unscheduled ``conv2d_gemm`` PrimFunc of a model (one
-per distinct conv2d / dense layer), tagged with the micro-kernel it is built for
-(``schedules.conv2d_gemm.annotate``). Its design space is
-``schedules.conv2d_gemm.sample_conv2d_gemm``: the schedule tvm_armq compiles by default, with
+per distinct conv2d / dense layer) and the plan it was built from (``schedules.gemm_plan``;
+the func is tagged with its micro-kernel, ``schedules.gemm_compute.annotate``). Its design
+space is ``schedules.gemm_schedule.sample_conv2d_gemm``: the schedule tvm_armq compiles by
+default, with
 the macro tile (m_tiles x n_tiles micro-tiles) and the K unrolling drawn by
 ``sample_perfect_tile``, so every candidate keeps the micro-kernel tensorized.
 
@@ -58,8 +59,8 @@ from tvm.s_tir.meta_schedule.runner import RPCRunner
 from tvm.s_tir.meta_schedule.utils import fork_seed
 from tvm.support.popen_pool import PopenPoolExecutor
 
-from . import build
 from .device import Endpoint
+from . import export, targets
 from .targets import LEVELS
 
 # ------------------------------------------------------------------ settings
@@ -91,7 +92,7 @@ DEVICE_START_S = 360.0
 ERRORS_KEPT = 5  # distinct failure messages per task kept in the summary
 FAILED_RUN_SECS = 1e10  # the run time MetaSchedule records for a failed trial
 
-# Function attributes of a tvm_armq kernel func (schedules.conv2d_gemm.annotate).
+# Function attributes of a tvm_armq kernel func (schedules.gemm_compute.annotate).
 ATTR_OP, ATTR_KERNEL = "tvm_armq.op", "tvm_armq.kernel"
 
 
@@ -110,19 +111,53 @@ class DeviceGone(RuntimeError):
 # ------------------------------------------------------------------ tasks
 @dataclasses.dataclass(frozen=True)
 class Task:
-    """One layer to tune: its name, its unscheduled kernel func and the micro-kernel record."""
+    """One layer to tune: its name, its unscheduled kernel func and the plan it was built
+    from (whose kernel is the micro-kernel record)."""
 
     name: str
-    func: object  # tvm.tirx.PrimFunc, unscheduled (schedules.conv2d_gemm.conv2d_gemm_func)
-    kernel: object  # tvm_armq.intrinsics.kernels.Kernel
+    func: object  # tvm.tirx.PrimFunc, unscheduled (schedules.gemm_compute.conv2d_gemm_func)
+    plan: object  # tvm_armq.schedules.gemm_plan.GemmPlan
+
+    @property
+    def kernel(self):
+        """The micro-kernel record of the task's main GEMM."""
+        return self.plan.kernel
 
 
 def tasks_of_model(model, target) -> list[Task]:
     """The tuning tasks of a TFLite model for ``target``: one per distinct conv2d / dense
-    layer, as ``tvm_armq.integrate`` builds them when it compiles the model."""
-    from .integrate import gemm_tasks
+    layer (a func and its plan, as ``tvm_armq.integrate`` builds them when it compiles the
+    model), in model order. The pass runs unscheduled; its ``tuned_schedule`` hook sees
+    every GEMM layer and records it."""
+    import tvm_ffi
 
-    return [Task(*t) for t in gemm_tasks(model, build.resolve_target(target))]
+    from .integrate import quantized_to_integer
+    from .tflite_import import import_tflite
+
+    target = targets.resolve(target)
+    tasks, seen = [], set()
+
+    def record(func, plan):
+        key = tvm_ffi.structural_hash(func)
+        if key not in seen:
+            seen.add(key)
+            tasks.append(Task(f"conv2d_gemm_{len(tasks)}", func, plan))
+        return None  # no tuned schedule: the pass goes on as it would
+
+    with target:
+        quantized_to_integer(target, tuned_schedule=record, schedule=False)(
+            import_tflite(model))
+    return tasks
+
+
+def database_schedule(database, target):
+    """The ``tuned_schedule`` hook of ``integrate.quantized_to_integer`` that replays
+    ``database``: a GEMM func's best record for ``target`` (``schedule_from_database``), or
+    None where the database has none."""
+    def tuned(func, _plan):
+        return schedule_from_database(database, func, target)
+
+    return tuned
 
 
 def _workload(func):
@@ -139,16 +174,19 @@ def _workload(func):
     return tvm.ir.load_json(tvm.ir.save_json(mod))
 
 
-def design_space(kernel, target, *, parallel: bool = True):
-    """The MetaSchedule space generator of a conv2d_gemm task: ``sample_conv2d_gemm``.
+def design_space(plan, target, *, parallel: bool = True):
+    """The MetaSchedule space generator of a conv2d_gemm task built from ``plan``:
+    ``sample_conv2d_gemm``, run with ``parallel`` (how the kernels will run).
 
     No schedule rules (the function is the whole space), no postprocessors (it emits the
     final loop nest itself) and one mutator, for the sampled tiles.
     """
-    from .schedules import conv2d_gemm as cg
+    from .schedules import gemm_schedule
+
+    plan = dataclasses.replace(plan, parallel=parallel)
 
     def schedule(sch):
-        cg.sample_conv2d_gemm(sch, kernel, target, parallel=parallel)
+        gemm_schedule.sample_conv2d_gemm(sch, plan, target)
 
     return ms.space_generator.ScheduleFn(schedule, sch_rules=[], postprocs=[],
                                          mutator_probs={ms.mutator.MutateTileSize(): 1.0})
@@ -240,11 +278,11 @@ def _tiles(trace) -> dict:
     """The sampled tile decisions of a trace as {knob: inner factor}. ``sample_conv2d_gemm``
     draws them in the order of ``SAMPLE_MAX_INNER`` (m_tiles, n_tiles, k_unroll); a trace
     with another count of draws is shown as the raw [outer, inner] pairs."""
-    from .schedules import conv2d_gemm as cg
+    from .schedules import gemm_schedule
 
     decisions = [[int(v) for v in trace.decisions[inst]] for inst in trace.insts
                  if inst.kind.name == "SamplePerfectTile" and inst in trace.decisions]
-    knobs = list(cg.SAMPLE_MAX_INNER)
+    knobs = list(gemm_schedule.SAMPLE_MAX_INNER)
     if len(knobs) == len(decisions):
         return {k: d[-1] for k, d in zip(knobs, decisions)}
     return {f"tile{i}": d for i, d in enumerate(decisions)}
@@ -263,7 +301,7 @@ def _export_aarch64_so(rt_mod) -> str:
 
     folder = Path(tempfile.mkdtemp(prefix="tvm_armq_trial_"))
     path = folder / f"{folder.name}.so"  # unique: the device dlopens it by name
-    rt_mod.export_library(str(path), fcompile=cc.cross_compiler(build.CROSS_CXX))
+    rt_mod.export_library(str(path), fcompile=cc.cross_compiler(export.CROSS_CXX))
     return str(path)
 
 
@@ -527,7 +565,7 @@ def _log_to(path: Path):
 def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | None = None,
          progress: bool = True, parallel: bool = True, seed: int | None = None,
          batch: int = BATCH) -> TuningSummary:
-    """Tune ``tasks`` (``Task`` or (name, func, kernel) tuples) for ``target``.
+    """Tune ``tasks`` (``Task`` or (name, func, plan) tuples) for ``target``.
 
     ``trials`` candidates are measured per task, on the device under ``tracker``
     (``Endpoint`` or "host:port:key"); without one, on the emulated device of ``level``
@@ -546,7 +584,7 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise TuningError(f"task names must be unique: {names}")
-    tgt = build.resolve_target(target)
+    tgt = targets.resolve(target)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if any((work / f).exists() for f in DATABASE_FILES + (SUMMARY_FILE,)):
@@ -567,7 +605,7 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
         seeds = fork_seed(seed, n=len(tasks))
         contexts = [
             ms.TuneContext(mod=_workload(t.func), target=tgt,
-                           space_generator=design_space(t.kernel, tgt, parallel=parallel),
+                           space_generator=design_space(t.plan, tgt, parallel=parallel),
                            search_strategy=ms.search_strategy.EvolutionarySearch(
                                population_size=POPULATION,
                                init_min_unmeasured=min(POPULATION, 2 * batch)),
@@ -613,10 +651,10 @@ def _write_summary(summary: TuningSummary) -> None:
 def _register_ops() -> None:
     """What a tuning database's IR refers to must exist before it is read or replayed:
     the qmuls operator (workloads) and the micro-kernels' TensorIntrins (traces)."""
-    from .intrinsics import kernels
+    from .intrinsics import registry
 
     _init_worker()
-    kernels.register_all()
+    registry.register_all()
 
 
 # A TensorIntrin name of a whole-K or direct-read form, as a JSON string in a record's trace.
@@ -695,11 +733,11 @@ def load_database(work_dir):
     # MetaSchedule checks every trace's Tensorize against the registered intrinsics as it
     # reads the records. The whole-K and direct-read forms are registered on demand when a
     # schedule is built, so a process that only replays has not built them: register the
-    # ones the records name (their names carry their parameters: kernels.register_named).
-    from .intrinsics import kernels
+    # ones the records name (their names carry their parameters: registry.register_named).
+    from .intrinsics import registry
 
     for name in sorted(set(_INTRIN_NAME.findall(paths[1].read_text(errors="replace")))):
-        kernels.register_named(name)
+        registry.register_named(name)
     try:
         database = ms.database.JSONDatabase(str(paths[0]), str(paths[1]), allow_missing=False,
                                             module_equality="structural")
@@ -721,25 +759,25 @@ def schedule_from_database(database, func, target):
 
     The result is ``func`` scheduled by replaying the record's trace, with ``func``'s own
     attributes (symbol name included) and a row tail's outputs merged into one
-    (``conv2d_gemm.merge_outputs``).
+    (``tir_util.merge_outputs``).
     """
     import tvm
     from tvm import s_tir
 
-    from .schedules import conv2d_gemm as cg
+    from .schedules import tir_util
 
     if ATTR_OP not in (func.attrs or {}):
         raise ValueError(f"schedule_from_database: the func has no {ATTR_OP} attribute; "
                          "tuning records exist only for tvm_armq kernel funcs "
-                         "(schedules.conv2d_gemm.annotate)")
+                         "(schedules.gemm_compute.annotate)")
     _register_ops()
-    tgt = build.resolve_target(target)
+    tgt = targets.resolve(target)
     record = _best_record(database, func, tgt)
     if record is None:
         return None
     sch = s_tir.Schedule(_workload(func))
     record.trace.apply_to_schedule(sch, remove_postproc=False)
-    scheduled = cg.merge_outputs(sch.mod["main"])
+    scheduled = tir_util.merge_outputs(sch.mod["main"])
     own = func.attrs or {}
     for key in ("global_symbol", "tirx.noalias"):
         if key in own:
@@ -761,4 +799,4 @@ def read_summary(work_dir) -> TuningSummary:
 
 __all__ = ["Task", "TaskSummary", "TuningSummary", "TuningError", "TuningDatabaseError",
            "DeviceGone", "tasks_of_model", "design_space", "tune", "load_database",
-           "schedule_from_database", "read_summary"]
+           "schedule_from_database", "database_schedule", "read_summary"]

@@ -179,6 +179,11 @@ __all__ = [
     "specs",
     "build",
     "build_all",
+    # the model builders' pieces, for scripts that build models of their own
+    "tensorflow",
+    "single_layer",
+    "convert",
+    "atomic_write",
 ]
 
 # Bump whenever any builder, the weight initialisation, the calibration data or the
@@ -230,7 +235,7 @@ class ModelSpec:
 # --------------------------------------------------------------------------
 
 
-def _tf():
+def tensorflow():
     """Import TensorFlow quietly, on first use only."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import tensorflow as tf  # noqa: PLC0415  (deliberately lazy)
@@ -240,7 +245,7 @@ def _tf():
 
 def _inputs(spec_shapes: Sequence[tuple[int, ...]]):
     """Keras Input tensors with batch 1 and stable names (``input``, ``input_b``)."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     names_ = ["input", "input_b", "input_c"]
     return [
         keras.Input(shape=s[1:], batch_size=s[0], name=names_[i])
@@ -263,9 +268,9 @@ def _randomize_weights(model, rng: np.random.RandomState) -> None:
     """Overwrite every weight of ``model`` with values drawn from ``rng``.
 
     Kernels (a separable conv's two too): He-normal (std = sqrt(2 / fan_in)) so ReLU
-    nets keep their activation scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm: gamma U(0.5, 1.5),
-    beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving stats with
-    ``_fit_batchnorm_stats``.  An input Normalization layer: the identity.
+    nets keep their activation scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm:
+    gamma U(0.5, 1.5), beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving
+    stats with ``_fit_batchnorm_stats``.  An input Normalization layer: the identity.
     """
     for layer in model.layers:
         for var in layer.weights:
@@ -312,7 +317,7 @@ def _fit_batchnorm_stats(model, batch: np.ndarray | list[np.ndarray]) -> None:
     active in that pass too; in the Keras MobileNets it sits after the last BN, so
     it cannot affect any statistics.)
     """
-    keras = _tf().keras
+    keras = tensorflow().keras
     bns = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
     saved = [bn.momentum for bn in bns]
     for bn in bns:
@@ -341,9 +346,9 @@ _FC_IN = (1, 256)
 _SOFTMAX_IN = (1, 8, 8, 16)  # 64 pixels of 16 classes each
 
 
-def _single_layer(shapes, make_layer, rng):
+def single_layer(shapes, make_layer, rng):
     """Model = one Keras layer applied to the inputs, weights from ``rng``."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     ins = _inputs(shapes)
     layer = make_layer(keras.layers)
     out = layer(ins if len(ins) > 1 else ins[0])
@@ -353,13 +358,13 @@ def _single_layer(shapes, make_layer, rng):
 
 
 def _build_conv2d_1x1(rng):
-    return _single_layer(
+    return single_layer(
         [_X8], lambda L: L.Conv2D(16, 1, activation="relu", name="conv"), rng
     )
 
 
 def _build_conv2d_3x3(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.Conv2D(16, 3, padding="same", activation="relu", name="conv"),
         rng,
@@ -367,7 +372,7 @@ def _build_conv2d_3x3(rng):
 
 
 def _build_conv2d_3x3_s2(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.Conv2D(16, 3, strides=2, padding="same", name="conv"),
         rng,
@@ -375,7 +380,7 @@ def _build_conv2d_3x3_s2(rng):
 
 
 def _build_conv2d_3x3_d2(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.Conv2D(
             16, 3, dilation_rate=2, padding="same", activation="relu6", name="conv"
@@ -387,7 +392,7 @@ def _build_conv2d_3x3_d2(rng):
 def _build_conv2d_grouped(rng):
     # The TFLite converter lowers Keras groups=2 to a single CONV_2D whose filter
     # has in_ch/groups = 4 input channels (checked in tests/test_zoo.py).
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.Conv2D(
             16, 3, padding="same", groups=2, activation="relu", name="conv"
@@ -397,7 +402,7 @@ def _build_conv2d_grouped(rng):
 
 
 def _build_depthwise_3x3(rng):
-    return _single_layer(
+    return single_layer(
         [_X16],
         lambda L: L.DepthwiseConv2D(
             3, padding="same", activation="relu", name="dwconv"
@@ -407,7 +412,7 @@ def _build_depthwise_3x3(rng):
 
 
 def _build_depthwise_3x3_s2(rng):
-    return _single_layer(
+    return single_layer(
         [_X16],
         lambda L: L.DepthwiseConv2D(
             3, strides=2, padding="same", activation="relu6", name="dwconv"
@@ -417,14 +422,14 @@ def _build_depthwise_3x3_s2(rng):
 
 
 def _build_fully_connected(rng):
-    return _single_layer(
+    return single_layer(
         [_FC_IN], lambda L: L.Dense(16, activation="relu", name="dense"), rng
     )
 
 
 def _build_add(rng):
     # Add + ReLU: the converter fuses the ReLU into ADD's fused_activation_function.
-    keras = _tf().keras
+    keras = tensorflow().keras
     a, b = _inputs([_X8, _X8])
     y = keras.layers.Add(name="add")([a, b])
     y = keras.layers.ReLU(name="relu")(y)
@@ -432,11 +437,11 @@ def _build_add(rng):
 
 
 def _build_logistic(rng):
-    return _single_layer([_X8], lambda L: L.Activation("sigmoid", name="logistic"), rng)
+    return single_layer([_X8], lambda L: L.Activation("sigmoid", name="logistic"), rng)
 
 
 def _build_avg_pool(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.AveragePooling2D(3, strides=2, padding="same", name="pool"),
         rng,
@@ -444,7 +449,7 @@ def _build_avg_pool(rng):
 
 
 def _build_max_pool(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.MaxPooling2D(2, strides=2, padding="valid", name="pool"),
         rng,
@@ -458,46 +463,46 @@ def _build_concat(rng):
     # (``concat_requant``) keeps each input's own range and inserts a requantizing
     # QUANTIZE in front of the input whose scale differs from the output's, which
     # is why tests/test_zoo.py tolerates QUANTIZE next to the promised op.
-    return _single_layer(
+    return single_layer(
         [_X8, _X8], lambda L: L.Concatenate(axis=-1, name="concat"), rng
     )
 
 
 def _build_mul(rng):
-    keras = _tf().keras
+    keras = tensorflow().keras
     a, b = _inputs([_X8, _X8])
     return keras.Model([a, b], keras.layers.Multiply(name="mul")([a, b]))
 
 
 def _build_softmax(rng):
-    return _single_layer([_SOFTMAX_IN], lambda L: L.Softmax(axis=-1, name="softmax"), rng)
+    return single_layer([_SOFTMAX_IN], lambda L: L.Softmax(axis=-1, name="softmax"), rng)
 
 
 def _build_resize_bilinear(rng):
-    return _single_layer([(1, 8, 8, 8)], lambda L: L.UpSampling2D(
+    return single_layer([(1, 8, 8, 8)], lambda L: L.UpSampling2D(
         2, interpolation="bilinear", name="resize_bilinear"), rng)
 
 
 def _build_log_softmax(rng):
     # LOG_SOFTMAX: tvm_armq has no integer kernel for it yet; the model tests the float
     # fallback.
-    tf = _tf()
-    return _single_layer([_SOFTMAX_IN], lambda L: L.Activation(tf.nn.log_softmax,
+    tf = tensorflow()
+    return single_layer([_SOFTMAX_IN], lambda L: L.Activation(tf.nn.log_softmax,
                                                                name="log_softmax"), rng)
 
 
 def _build_sub(rng):
-    keras = _tf().keras
+    keras = tensorflow().keras
     a, b = _inputs([_X8, _X8])
     return keras.Model([a, b], keras.layers.Subtract(name="sub")([a, b]))
 
 
 def _build_mean(rng):
-    return _single_layer([_X8], lambda L: L.GlobalAveragePooling2D(name="gap"), rng)
+    return single_layer([_X8], lambda L: L.GlobalAveragePooling2D(name="gap"), rng)
 
 
 def _build_pad(rng):
-    return _single_layer(
+    return single_layer(
         [_X8], lambda L: L.ZeroPadding2D(((1, 2), (2, 1)), name="pad"), rng
     )
 
@@ -518,7 +523,7 @@ def _finish_net(model, shape, rng):
 
 
 def _mobilenet_v1(alpha, shape, rng):
-    keras = _tf().keras
+    keras = tensorflow().keras
     (inp,) = _inputs([shape])
     model = keras.applications.MobileNet(
         input_tensor=inp,
@@ -538,7 +543,7 @@ def _build_mobilenet_v1_100(rng):
 
 
 def _build_mobilenet_v2_100(rng):
-    keras = _tf().keras
+    keras = tensorflow().keras
     shape = (1, 224, 224, 3)
     (inp,) = _inputs([shape])
     model = keras.applications.MobileNetV2(
@@ -553,7 +558,7 @@ def _build_mobilenet_v2_100(rng):
 def _application(name: str, shape, rng, **options):
     """``keras.applications.<name>`` on a (1, h, w, 3) input with random weights, 1000
     logits (no softmax), its batch-norm statistics fitted (``_finish_net``)."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     (inp,) = _inputs([shape])
     model = getattr(keras.applications, name)(input_tensor=inp, weights=None,
                                               classifier_activation=None, **options)
@@ -607,7 +612,7 @@ def _build_inception_v3(rng):
 
 def _build_resnet_block(rng):
     """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     shape = (1, 32, 32, 3)
     (inp,) = _inputs([shape])
@@ -640,7 +645,7 @@ def _build_resnet_block(rng):
 def _build_inception_block(rng):
     """Tiny Inception: a stem, then one block of four branches (1x1; 1x1 -> 1x7 -> 7x1;
     1x1 -> 3x3; 3x3 average pool -> 1x1) joined by CONCATENATION, global pool, dense."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     shape = (1, 24, 24, 3)
     (inp,) = _inputs([shape])
@@ -683,7 +688,7 @@ def _build_unet(rng):
     back up by a stride-2 TRANSPOSE_CONV (with ReLU) to 16x16 and a bilinear upsampling
     (RESIZE_BILINEAR, half-pixel centres) to 32x32, each CONCATENATEd with the encoder's
     map of that size (the skip connections) and convolved; a 1x1 conv gives the logits."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     (inp,) = _inputs([_UNET_SHAPE])
     e1 = _conv_bn_relu(L, inp, 16, 3, "enc1")
@@ -711,7 +716,7 @@ _KWS_STEM_KERNEL = (10, 4)
 def _build_ds_cnn(rng):
     """DS-CNN keyword spotter: a 10x4 stride-2 conv stem, four depthwise-separable blocks
     (3x3 depthwise -> BN -> ReLU -> 1x1 conv -> BN -> ReLU), global average pool, dense."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     (inp,) = _inputs([_KWS_SHAPE])
     x = _conv_bn_relu(L, inp, _KWS_CHANNELS, _KWS_STEM_KERNEL, "stem", stride=2)
@@ -743,7 +748,7 @@ def _build_ssd_head(rng):
     class and anchor), RESHAPEd to (1, cells * anchors, 4) and (1, cells * anchors,
     classes), CONCATENATEd across the scales; the class scores through LOGISTIC.
     Outputs, in the converter's order: scores (1, N, classes), then boxes (1, N, 4)."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     (inp,) = _inputs([_SSD_SHAPE])
     x, maps = inp, []
@@ -775,7 +780,7 @@ def _build_two_in_two_out(rng):
     vector through a dense layer with ReLU; the pooled image features ADDed to the vector
     features, CONCATENATEd with them and a dense layer gives the logits (first output);
     a 1x1 conv of the image features gives a feature map (second output)."""
-    keras = _tf().keras
+    keras = tensorflow().keras
     L = keras.layers
     image, vector = _inputs([_TWO_IN_IMAGE, _TWO_IN_VECTOR])
     f = _conv_bn_relu(L, image, 16, 3, "conv1", stride=2)
@@ -795,7 +800,7 @@ def _build_two_in_two_out(rng):
 
 
 def _build_conv2d_3x3_f32(rng):
-    return _single_layer(
+    return single_layer(
         [_X8],
         lambda L: L.Conv2D(16, 3, strides=2, padding="same", activation="relu6",
                            name="conv"),
@@ -1010,7 +1015,7 @@ def _is_valid(path: pathlib.Path) -> bool:
     )
 
 
-def _atomic_write(path: pathlib.Path, data: bytes) -> None:
+def atomic_write(path: pathlib.Path, data: bytes) -> None:
     """Write ``data`` to ``path`` via a temp file in the same dir + ``os.replace``."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -1048,7 +1053,7 @@ def _representative_dataset(s: ModelSpec):
     return gen
 
 
-def _convert(s: ModelSpec) -> bytes:
+def convert(s: ModelSpec) -> bytes:
     """Build the float model of ``s`` and quantize it to int8 TFLite bytes."""
     def quantize_int8(converter, tf):
         converter.optimizations = [tf.lite.Optimize.DEFAULT]
@@ -1070,7 +1075,7 @@ def _convert_float(s: ModelSpec) -> bytes:
 def _keras_to_tflite(s: ModelSpec, configure) -> bytes:
     """The Keras model of ``s`` (seeded) through TFLite's converter, set up by
     ``configure(converter, tf)``."""
-    tf = _tf()
+    tf = tensorflow()
     tf.keras.backend.clear_session()
     tf.keras.utils.set_random_seed(SEED)
     model = s.builder(np.random.RandomState(SEED))
@@ -1103,21 +1108,21 @@ def build(
 
     directory.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = (_convert_float if s.precision == _FLOAT else _convert)(s)
+    data = (_convert_float if s.precision == _FLOAT else convert)(s)
     seconds = time.perf_counter() - t0
     meta = {
         "name": s.name,
         "description": s.description,
         "zoo_version": ZOO_VERSION,
         "seed": SEED,
-        "tensorflow_version": _tf().__version__,
+        "tensorflow_version": tensorflow().__version__,
         "sha256": hashlib.sha256(data).hexdigest(),
         "bytes": len(data),
         "build_seconds": round(seconds, 2),
     }
     # Model first, sidecar last: the sidecar marks the pair as complete.
-    _atomic_write(path, data)
-    _atomic_write(_sidecar(path), (json.dumps(meta, indent=2) + "\n").encode())
+    atomic_write(path, data)
+    atomic_write(_sidecar(path), (json.dumps(meta, indent=2) + "\n").encode())
     return path
 
 

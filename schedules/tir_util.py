@@ -1,0 +1,69 @@
+"""TIR helpers of the GEMM schedules: loop surgery and the row tail's output merge."""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def merge_outputs(func, main_name: str = "output", tail_name: str = "output_tail"):
+    """``func`` with a row tail's two output buffers (``gemm_compute.conv2d_gemm_te``:
+    ``main_name`` and ``tail_name``) joined into one ``main_name`` buffer of all M rows;
+    the tail's becomes a view of its last rows (a match_buffer of the root block).
+    ``func`` itself when it has no row tail. Meant for a scheduled func: no schedule
+    primitive may run after it."""
+    import tvm
+    import tvm_ffi
+    from tvm import s_tir, tirx
+    from tvm.tirx.buffer import Buffer
+
+    names = [p.name for p in func.params]
+    if tail_name not in names:
+        return func
+    out, tail = func.params[names.index(main_name)], func.params[names.index(tail_name)]
+    main, rest = int(out.shape[0]), int(tail.shape[0])
+    inner = [int(d) for d in out.shape[1:]]
+    full = tirx.decl_buffer((main + rest, *inner), out.dtype, main_name)
+    view = tirx.decl_buffer(tuple(int(d) for d in tail.shape), tail.dtype, tail_name,
+                            elem_offset=main * int(np.prod(inner)))
+    swap = {out: full, tail: view}
+    realize = tvm_ffi.structural_map(func.body, [(Buffer, lambda b: swap.get(b, b))])
+    root = realize.block
+    rows = [tvm.ir.Range.from_min_extent(main, rest)] + [tvm.ir.Range.from_min_extent(0, d)
+                                                         for d in inner]
+    match = s_tir.MatchBufferRegion(view, tirx.BufferRegion(full, rows))
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body,
+                        root.init, root.alloc_buffers, [*root.match_buffers, match],
+                        root.annotations)
+    params = [full if p.same_as(out) else p for p in func.params if not p.same_as(tail)]
+    return tirx.PrimFunc(params, s_tir.SBlockRealize(realize.iter_values, realize.predicate,
+                                                     root),
+                         ret_type=func.ret_type, attrs=func.attrs)
+
+
+def partition(sch, loop, parts) -> list:
+    """``loop`` cut into consecutive loops of the given extents (zeros skipped), in order;
+    a zero-extent part gets None."""
+    sizes = [p for p in parts if p]
+    loops = sch.loop_partition(loop, sizes[:-1] + [None]) if len(sizes) > 1 else [loop]
+    it = iter(loops)
+    return [next(it) if p else None for p in parts]
+
+
+def only_block(sch, loop):
+    (block,) = sch.get_child_blocks(loop)
+    return block
+
+
+def loops_below(sch, block, loop) -> list:
+    """The loops around ``block`` that are nested inside ``loop``."""
+    loops = sch.get_loops(block)
+    anchor = sch.get(loop)
+    for idx, rv in enumerate(loops):
+        if sch.get(rv).same_as(anchor):
+            return loops[idx + 1:]
+    raise ValueError("block is not under the given loop")
+
+
+def largest_divisor(extent: int, want: int) -> int:
+    return max(d for d in range(1, max(1, min(want, extent)) + 1) if extent % d == 0)
+

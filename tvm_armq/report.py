@@ -1,0 +1,44 @@
+"""The records a pass reports per quantized layer: ``Lowered`` (the kernel that runs it)
+or ``Fallback`` (why it stays float). ``build.inspect``, the CLI and the compile report
+print their ``line()``."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .frontend import operator_of
+
+
+@dataclasses.dataclass(frozen=True)
+class Lowered:
+    """A layer the pass made integer: which kernel runs it."""
+
+    op: str          # the layer's op: "conv2d", "dense", "add", "logistic", "concat", ...
+    name: str        # the Relax variable of the layer's output
+    in_shape: tuple
+    out_shape: tuple
+    kernel: str      # the kernel's name in the naming grammar (intrinsics/names.py)
+    tuned: bool = False
+    tail: str | None = None  # the kernel of the GEMM's last M % mr rows (gemm_plan.tail_kernel)
+
+    def line(self) -> str:
+        tag = " (tuned)" if self.tuned else ""
+        tail = f" + {self.tail} for the last rows" if self.tail else ""
+        return (f"{self.op:17s} {str(self.in_shape):20s} -> {str(self.out_shape):20s} "
+                f"{self.kernel}{tail}{tag}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Fallback:
+    """A quantized layer the pass left in float (QDQ), and why."""
+
+    op: str
+    name: str
+    reason: str
+
+    def line(self) -> str:
+        where = self.name
+        tflite_op = operator_of(self.name)
+        if tflite_op is not None:  # the TFLite operator the layer came from (frontend.py)
+            where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"
+        return f"{self.op:17s} {where:41s} stays float: {self.reason}"

@@ -1,0 +1,85 @@
+"""A TFLite model as TVM 0.27's TFLite frontend imports it (a Relax module, QDQ: every
+quantized layer dequantize -> float op -> quantize), refused with an error that names the
+tensor or operator when the frontend cannot import it or tvm_armq cannot compile it
+(int16 activations, dynamic-range quantization) instead of a bare TypeError or KeyError.
+"""
+
+from __future__ import annotations
+
+from .tflite_model import TFLiteModel
+
+
+class UnsupportedModel(ValueError):
+    """A valid TFLite model that TVM's TFLite frontend cannot import (a tensor type or an
+    operator it has no conversion for); the message names the model and what is at fault."""
+
+
+# Tensor types TVM 0.27's TFLite frontend imports (tflite.TensorType names). int16
+# activations (TFLite's 16x8 quantization) and the rest stop it with a bare TypeError.
+IMPORTABLE_TYPES = ("FLOAT32", "INT8", "UINT8", "INT32", "INT64", "BOOL")
+
+
+def _unsupported_tensor(m: TFLiteModel) -> str | None:
+    """What TVM's frontend would choke on among the model's tensor types, said plainly."""
+    import tflite
+
+    names = {v: k for k, v in vars(tflite.TensorType).items() if not k.startswith("_")}
+    fb = m.flatbuffer()
+    for g in range(fb.SubgraphsLength()):
+        graph = fb.Subgraphs(g)
+        for i in range(graph.TensorsLength()):
+            t = graph.Tensors(i)
+            kind = names.get(t.Type(), str(t.Type()))
+            if kind not in IMPORTABLE_TYPES:
+                hint = (" (16x8 quantization: int16 activations, int8 weights)"
+                        if kind == "INT16" else "")
+                return (f"tensor {i} ({(t.Name() or b'').decode(errors='replace')!r}) is "
+                        f"{kind.lower()}{hint}; TVM's TFLite frontend imports "
+                        f"{', '.join(k.lower() for k in IMPORTABLE_TYPES)} tensors: convert "
+                        "the model with int8 quantization")
+    return None
+
+
+def _dynamic_range_op(m: TFLiteModel) -> str | None:
+    """The first operator of a dynamic-range quantized model (float32 activations, int8
+    weights quantized offline, requantized at run time by TFLite), said plainly."""
+    import tflite
+
+    names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
+    fb = m.flatbuffer()
+    graph = fb.Subgraphs(0)
+    for i in range(graph.OperatorsLength()):
+        op = graph.Operators(i)
+        tensors = [graph.Tensors(t) if t >= 0 else None for t in op.InputsAsNumpy()]
+        if not tensors or tensors[0] is None:
+            continue
+        first = tensors[0]
+        weights = [t for t in tensors[1:] if t is not None and t.Type() == tflite.TensorType.INT8
+                   and t.Quantization() is not None and t.Quantization().ScaleLength() > 0]
+        if first.Type() == tflite.TensorType.FLOAT32 and weights:
+            code = fb.OperatorCodes(op.OpcodeIndex())
+            kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "?")
+            return (f"operator {i} ({kind}) is dynamic-range quantized (float32 activations, "
+                    "int8 weights): tvm_armq compiles full-integer models; convert the model "
+                    "with a representative dataset (TFLite's full integer quantization)")
+    return None
+
+
+def import_tflite(model) -> "tvm.IRModule":
+    """The Relax module of a TFLite model, as TVM's TFLite frontend imports it.
+
+    Raises ``UnsupportedModel`` naming the tensor or operator when the frontend cannot
+    import the model (it would otherwise fail with a bare TypeError or KeyError)."""
+    from tvm.relax.frontend.tflite import from_tflite
+
+    m = TFLiteModel.load(model)
+    problem = _unsupported_tensor(m) or _dynamic_range_op(m)
+    if problem:
+        raise UnsupportedModel(f"{m.label}: {problem}")
+    try:
+        mod = from_tflite(m.flatbuffer())
+    except Exception as e:  # noqa: BLE001 - whatever the frontend trips on, it is the model
+        first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        raise UnsupportedModel(f"{m.label}: TVM's TFLite frontend cannot import it "
+                               f"({type(e).__name__}: {first})") from e
+    return mod[0] if isinstance(mod, tuple) else mod
