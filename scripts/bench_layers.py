@@ -24,23 +24,10 @@ layers. The printed table has one row per layer and level (ratio = tflite / tvm_
 above 1, tvm_armq is faster), then per model and level the totals over the layers
 measured, each layer counted as many times as the model uses it.
 
-Caveat, measured with this script: armperf's guest disassembler prints the dot-product
-and matrix-multiply instructions (sdot, smmla, ...) as ``.byte`` words, which llvm-mca
-takes for data and prices at zero cycles. At dotprod and i8mm both sides' GEMM inner
-loops are therefore underpriced (by ~2x in the hot blocks). The ``unpriced`` column gives,
-per side, the share of executed instructions affected (from the hottest blocks); compare
-GEMM layers at those levels with that in mind. neon (smull/sadalp) and the depthwise
-kernels (smull/smlal) are priced in full. The ``corrected`` ratio re-prices, on each side,
-every hot block holding such words with the words decoded back to their mnemonics
-(``inner_loop_peak.decode_line``) and run through the same llvm-mca core model: cycles +
-sum over those blocks of executions x (decoded - raw cycles per execution). It is the
-figure to compare at dotprod and i8mm (a lower bound of the true cost on both sides, as
-only the ``--top`` hottest blocks are re-priced). It also prices straight-line code that
-qemu cut into several blocks (at a 4 KiB page boundary, or where its translation block
-was full) as the one block it is (``reprice.split_chains``): priced apart, the pieces of
-such a loop cost up to half as much again (MobileNetV1's 14x14 depthwise loop: 67 cycles
-apart, 42 whole), on whichever side the code happens to be cut. That applies at every
-level, neon included.
+The figure is armperf's own, taken as it is: version 2 and later decode the dot-product and
+matrix instructions (sdot, smmla, bfmmla) and price straight-line code that qemu cut into
+several blocks as the one block it is, on both sides. The armperf version is printed under
+the table and stored in every row.
 
 Before measuring, every layer is checked once on the host: the model holds the expected
 op and shapes, the NumPy reference (``schedules.reference``) computed from the parameters
@@ -77,9 +64,10 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_armq import build, zoo
+from tvm_armq import export, targets, zoo
 from tvm_armq.intrinsics import kernels, requant
-from tvm_armq.schedules import conv2d_gemm as cg
+from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
+from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
 from tvm_armq.schedules import reference as ref
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_layers import read_layer
@@ -93,7 +81,7 @@ DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
 BENCH_VERSION = 1
 
 # Overrides of the GEMM schedule's default knobs (``--knobs``), applied to every conv /
-# dense layer; the defaults are ``cg.default_knobs`` with parallel=False (armperf measures
+# dense layer; the defaults are ``gemm_plan.default_knobs`` with parallel=False (armperf measures
 # one thread).
 KNOB_OVERRIDES: dict[str, int] = {}
 
@@ -244,7 +232,7 @@ def _keras_model(layer: Layer, rng):
         return L.Conv2D(layer.out_c, layer.k, strides=layer.stride, padding="same",
                         activation=act, name="conv")
 
-    return zoo._single_layer([layer.input_shape], make, rng)
+    return zoo.single_layer([layer.input_shape], make, rng)
 
 
 def tflite_model(layer: Layer) -> Path:
@@ -264,12 +252,12 @@ def tflite_model(layer: Layer) -> Path:
         pass
     spec = zoo.ModelSpec(layer.symbol, lambda rng: _keras_model(layer, rng),
                          (layer.input_shape,), layer.describe(), op=TFLITE_OP[layer.op])
-    data = zoo._convert(spec)
+    data = zoo.convert(spec)
     path.parent.mkdir(parents=True, exist_ok=True)
-    zoo._atomic_write(path, data)  # model first, sidecar last (marks the pair complete)
-    meta = dict(want, tensorflow_version=zoo._tf().__version__,
+    zoo.atomic_write(path, data)  # model first, sidecar last (marks the pair complete)
+    meta = dict(want, tensorflow_version=zoo.tensorflow().__version__,
                 sha256=hashlib.sha256(data).hexdigest())
-    zoo._atomic_write(sidecar, (json.dumps(meta, indent=1) + "\n").encode())
+    zoo.atomic_write(sidecar, (json.dumps(meta, indent=1) + "\n").encode())
     return path
 
 
@@ -313,31 +301,32 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     """conv2d / dense through the GEMM schedule with the level's best micro-kernel."""
     if q.op == "FULLY_CONNECTED":
         rows, k = q.input_shape
-        shape = cg.Conv2DShape.dense(rows, k, q.weight.shape[0])
+        shape = Conv2DShape.dense(rows, k, q.weight.shape[0])
     else:
         _, h, w, c = q.input_shape
         _, kh, kw, _ = q.weight.shape
-        shape = cg.Conv2DShape(1, h, w, c, q.weight.shape[0], kh, kw, strides=q.strides,
-                               dilation=q.dilation, padding=q.padding, groups=q.groups)
+        shape = Conv2DShape(1, h, w, c, q.weight.shape[0], kh, kw, strides=q.strides,
+                            dilation=q.dilation, padding=q.padding, groups=q.groups)
     micro = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
-    tile = (micro.mr, micro.nr, micro.kr)
     mult, shift = _requant_params(q)
-    # built as the compiler builds it (tvm_armq.integrate): with the kernel record (a
-    # pointwise layer may read its input in place), for the layer's largest shift, and
-    # with TFLite's rounding of the op (integrate.requant_rounding: FC once, conv twice)
-    f = cg.conv2d_gemm_func(shape, tile, kernel=micro, in_zp=q.in_zp, out_zp=q.out_zp,
-                            act_range=q.act_range, max_shift=int(shift.max()),
-                            rounding="single" if q.op == "FULLY_CONNECTED" else "double")
-    knobs = dataclasses.replace(cg.default_knobs(shape, micro, parallel=False),
+    # built as the compiler builds it (tvm_armq.integrate): one plan (a pointwise layer
+    # may read its input in place), for the layer's largest shift, and with TFLite's
+    # rounding of the op (integrate.requant_rounding: FC once, conv twice)
+    knobs = dataclasses.replace(gemm_plan.default_knobs(shape, micro, parallel=False),
                                 **KNOB_OVERRIDES)
-    f = cg.schedule_conv2d_gemm(f, micro, target, knobs).with_attr("global_symbol",
-                                                                   layer.symbol)
+    plan = gemm_plan.plan(shape, micro, knobs=knobs)
+    f = gemm_compute.conv2d_gemm_func(plan, in_zp=q.in_zp, out_zp=q.out_zp,
+                                      act_range=q.act_range, max_shift=int(shift.max()),
+                                      rounding="single" if q.op == "FULLY_CONNECTED"
+                                      else "double")
+    f = gemm_schedule.schedule_conv2d_gemm(f, plan, target).with_attr("global_symbol",
+                                                                      layer.symbol)
     w = q.weight_hwio()
     out = np.zeros((shape.gemm_m, shape.groups, shape.gemm_n), np.int8)
     args = [x.reshape(shape.batch, shape.in_h, shape.in_w, shape.in_c),
-            cg.pack_weights(w, tile, shape.groups), cg.fold_bias(w, q.bias, q.in_zp),
+            pack_weights(w, plan.main.tile, shape.groups), fold_bias(w, q.bias, q.in_zp),
             mult, shift, out]
-    tail = " +1-row tail" if cg.tail_kernel(shape, micro) is not None else ""
+    tail = " +1-row tail" if plan.tail is not None else ""
     return LayerKernel(f, args, f"{micro.name} {knobs.m_tiles}x{knobs.n_tiles}"
                                 f"/k{knobs.k_unroll}{tail}")
 
@@ -365,7 +354,7 @@ def make_kernel(layer: Layer, q, x, level: str, dw) -> LayerKernel:
     input ``x``; checked to take arguments of exactly its PrimFunc's buffer shapes and
     to have an output of TFLite's size."""
     kern = (_depthwise_kernel(layer, q, x, dw) if layer.op == "dw"
-            else _conv_kernel(layer, q, x, build.resolve_target(level)))
+            else _conv_kernel(layer, q, x, targets.resolve(level)))
     for param, arr in zip(kern.func.params, kern.args, strict=True):  # params are buffers
         want = (tuple(int(d) for d in param.shape), str(param.dtype))
         if want != (arr.shape, arr.dtype.name):
@@ -411,8 +400,8 @@ def export_kernel(kern: LayerKernel, level: str, workdir: Path, symbol: str) -> 
     """The kernel's aarch64 shared library and an .npz of its arguments (arg0, arg1, ...)."""
     import tvm
 
-    ex = tvm.compile(tvm.IRModule({symbol: kern.func}), target=build.resolve_target(level))
-    lib = build.export_aarch64(ex, workdir / f"{symbol}-{level}.so")
+    ex = tvm.compile(tvm.IRModule({symbol: kern.func}), target=targets.resolve(level))
+    lib = export.export_aarch64(ex, workdir / f"{symbol}-{level}.so")
     npz = workdir / f"{symbol}.npz"
     np.savez(npz, **{f"arg{i}": a for i, a in enumerate(kern.args)})
     return lib, npz
@@ -453,24 +442,6 @@ def armperf(armperf_py: Path, kind: str, path: Path, level: str, runs: int, top:
         return json.loads(Path(out.name).read_text())[kind]
 
 
-def unpriced_fraction(result: dict) -> float:
-    """Share of the run's instructions that sit in its hot blocks as raw ``.byte`` words:
-    instructions the guest's disassembler does not know (sdot, smmla, ...), which
-    llvm-mca then reads as data and prices at zero cycles. A lower bound (only the
-    ``--top`` hottest blocks are kept); above 0, the estimate is too low."""
-    raw = sum(h["execs"] * sum(line.startswith(".byte") for line in h["code"])
-              for h in result["hot"])
-    return raw / result["insns_per_run"]  # both per run
-
-
-def corrected_cycles(result: dict) -> float:
-    """``cycles_per_run`` with the hot blocks' ``.byte`` words priced and blocks qemu split
-    priced whole (``reprice.reprice``; see the module docstring)."""
-    from reprice import reprice
-
-    return reprice(result, result["isa"])
-
-
 def _hot(result: dict) -> list[dict]:
     """The hottest blocks of an armperf result, with their share of the run."""
     return [dict(h, share=h["cycles"] / result["cycles_per_run"]) for h in result["hot"]]
@@ -478,17 +449,15 @@ def _hot(result: dict) -> list[dict]:
 
 # ----------------------------------------------------------------- output
 
-COLUMNS = ("layer", "shape", "isa", "tflite cyc", "tvm_armq cyc", "tflite/tvm", "unpriced",
-           "corrected", "kernel")
-ROW_FORMAT = "{:18s} {:30s} {:8s} {:>12s} {:>13s} {:>10s} {:>9s} {:>9s}  {}"
-TOTAL_FORMAT = "{:18s} {:8s} {:>7s} {:>12s} {:>13s} {:>10s} {:>9s}"
+COLUMNS = ("layer", "shape", "isa", "tflite cyc", "tvm_armq cyc", "tflite/tvm", "kernel")
+ROW_FORMAT = "{:18s} {:30s} {:8s} {:>12s} {:>13s} {:>10s}  {}"
+TOTAL_FORMAT = "{:18s} {:8s} {:>7s} {:>12s} {:>13s} {:>10s}"
 
 
 def print_row(row: dict) -> None:
     print(ROW_FORMAT.format(row["layer"], row["shape"], row["isa"], f"{row['tflite']:.4g}",
                             f"{row['tvm_armq']:.4g}", f"{row['tflite_over_tvm_armq']:.3f}",
-                            f"{row['tflite_unpriced']:.0%}/{row['tvm_armq_unpriced']:.0%}",
-                            f"{row['corrected_ratio']:.3f}", row["kernel"]), flush=True)
+                            row["kernel"]), flush=True)
 
 
 def totals(rows: list[dict], selected: list[Layer], models) -> list[dict]:
@@ -503,28 +472,24 @@ def totals(rows: list[dict], selected: list[Layer], models) -> list[dict]:
                 continue
             tfl = sum(r["tflite"] * n for r, n in mine)
             tvm = sum(r["tvm_armq"] * n for r, n in mine)
-            tfl_c = sum(r["tflite_corrected"] * n for r, n in mine)
-            tvm_c = sum(r["tvm_armq_corrected"] * n for r, n in mine)
             out.append({"model": model, "isa": level, "layers": len(mine),
+                        "armperf": max(r["armperf"] for r, _ in mine),
                         "instances": sum(n for _, n in mine), "tflite": tfl, "tvm_armq": tvm,
-                        "tflite_over_tvm_armq": tfl / tvm, "corrected_ratio": tfl_c / tvm_c})
+                        "tflite_over_tvm_armq": tfl / tvm})
     return out
 
 
 def print_totals(tots: list[dict]) -> None:
     print()
     print(TOTAL_FORMAT.format("model", "isa", "layers", "tflite cyc", "tvm_armq cyc",
-                              "tflite/tvm", "corrected"))
+                              "tflite/tvm"))
     for t in tots:
         print(TOTAL_FORMAT.format(t["model"], t["isa"], f"{t['layers']}/{t['instances']}",
                                   f"{t['tflite']:.4g}", f"{t['tvm_armq']:.4g}",
-                                  f"{t['tflite_over_tvm_armq']:.3f}",
-                                  f"{t['corrected_ratio']:.3f}"))
+                                  f"{t['tflite_over_tvm_armq']:.3f}"))
     print("(layers: distinct shapes measured / layer instances they stand for in the model)")
-    print("(unpriced: tflite/tvm_armq share of executed instructions that armperf's hot blocks\n"
-          " hold as raw .byte words - sdot, smmla, ... - priced at zero cycles by llvm-mca;\n"
-          " where it is not 0%, that side's estimate is too low)")
-    print("(corrected: tflite/tvm with those words decoded and priced in the hot blocks)")
+    versions = sorted({t["armperf"] for t in tots})
+    print(f"(figures: armperf version {', '.join(map(str, versions))}, as it prices them)")
 
 
 def write_png(rows: list[dict], path: Path) -> None:
@@ -583,7 +548,7 @@ def main() -> int:
     a = ap.parse_args()
     for item in filter(None, a.knobs.split(",")):
         name, _, value = item.partition("=")
-        if name not in {f.name for f in dataclasses.fields(cg.GemmKnobs)} or not value:
+        if name not in {f.name for f in dataclasses.fields(gemm_plan.GemmKnobs)} or not value:
             ap.error(f"--knobs: {item!r} is not NAME=INT with a GemmKnobs field name")
         KNOB_OVERRIDES[name] = int(value)
 
@@ -617,7 +582,6 @@ def main() -> int:
                 tfl = armperf(a.armperf, "tflite", model_path, level, a.runs, a.top)
                 tvm = armperf(a.armperf, "script", setup_py, level, a.runs, a.top,
                               args=(lib, npz, layer.symbol))
-                tfl_c, tvm_c = corrected_cycles(tfl), corrected_cycles(tvm)
                 row = {"layer": layer.name, "op": TFLITE_OP[layer.op],
                        "shape": layer.describe(), "act": layer.act, "uses": dict(layer.uses),
                        "isa": level, "core": tvm["core"], "tflite": tfl["cycles_per_run"],
@@ -625,10 +589,7 @@ def main() -> int:
                        "tflite_over_tvm_armq": tfl["cycles_per_run"] / tvm["cycles_per_run"],
                        "kernel": kern.name, "tflite_insns": tfl["insns_per_run"],
                        "tvm_armq_insns": tvm["insns_per_run"],
-                       "tflite_unpriced": unpriced_fraction(tfl),
-                       "tvm_armq_unpriced": unpriced_fraction(tvm), "tflite_hot": _hot(tfl),
-                       "tflite_corrected": tfl_c, "tvm_armq_corrected": tvm_c,
-                       "corrected_ratio": tfl_c / tvm_c,
+                       "armperf": tvm.get("armperf", 1), "tflite_hot": _hot(tfl),
                        "tvm_armq_hot": _hot(tvm)}
                 rows.append(row)
                 print_row(row)

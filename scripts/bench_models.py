@@ -7,15 +7,14 @@ and price their hot blocks on the level's llvm-mca core model. Prints a table of
 estimated cycles per inference and the ratios tflite/tvm (above 1: TVM is faster), and
 with ``--png`` draws them as a bar chart (needs matplotlib: ``pip install -e .[bench]``).
 
-Two figures per build: armperf's own, and the corrected one (``reprice.py``), on both
-sides: sdot / smmla priced (armperf's disassembler leaves them as ``.byte`` words that
-llvm-mca prices at zero) and straight-line code that qemu cut into several blocks (at a
-page boundary, or where a translation block was full) priced as the one block it is. The
-corrected ratio is the one to quote.
+The figure is armperf's own, taken as it is (version 2 and later price sdot / smmla /
+bfmmla and straight-line code that qemu cut into pieces by themselves); the armperf version
+that produced it is printed and stored with the figures. With ``--threads N`` (armperf 3)
+both sides run on N threads and the figure is the critical path: the busiest thread's work.
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
-                                   [--no-stock] [--json out.json] [--png out.png]
-                                   [--armperf PATH/armperf.py]
+                                   [--threads N] [--no-stock] [--json out.json]
+                                   [--png out.png] [--armperf PATH/armperf.py]
 
 The figures are core-bound estimates (every load an L1 hit), for comparing two
 builds of the same model on the same core model; they are not milliseconds.
@@ -30,8 +29,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from reprice import reprice  # scripts/ is on sys.path when run as a script
-from tvm_armq import build, hooks, zoo
+from tvm_armq import build, export, hooks, targets, tflite_import, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 
@@ -41,14 +39,11 @@ DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "inception_block", "mobil
                   "mobilenet_v2_1.0", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
 
 
-ALL_BLOCKS = 1_000_000  # armperf --top: list every modelled block, for reprice
-
-
 def compile_stock(model: TFLiteModel, level: str):
     """The model as stock TVM 0.27 compiles it (tvm_armq's hook bypassed)."""
     import tvm
 
-    return tvm.compile(build.import_tflite(model), target=build.resolve_target(level),
+    return tvm.compile(tflite_import.import_tflite(model), target=targets.resolve(level),
                        relax_pipeline=hooks.stock_pipeline())
 
 
@@ -56,11 +51,13 @@ def input_specs(model: TFLiteModel) -> list[str]:
     return [",".join(map(str, t.shape)) + ":" + t.dtype for t in model.signature()[0]]
 
 
-def compare(armperf: Path, model: TFLiteModel, lib: Path, level: str, runs: int) -> dict:
+def compare(armperf: Path, model: TFLiteModel, lib: Path, level: str, runs: int,
+            threads: int = 1) -> dict:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, str(armperf), "compare", str(model.path), str(lib),
-               "--isa", level, "--runs", str(runs), "--json", out.name,
-               "--top", str(ALL_BLOCKS)]
+               "--isa", level, "--runs", str(runs), "--json", out.name]
+        if threads > 1:
+            cmd += ["--threads", str(threads)]
         for spec in input_specs(model):
             cmd += ["--input", spec]
         res = subprocess.run(cmd, capture_output=True, text=True)
@@ -69,12 +66,18 @@ def compare(armperf: Path, model: TFLiteModel, lib: Path, level: str, runs: int)
         return json.load(open(out.name))
 
 
+def figure(side: dict) -> float:
+    """armperf's estimated cycles per run of one side: the critical path when threaded."""
+    return side["threads"]["critical_cycles"] if side.get("threads") else side["cycles_per_run"]
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=DEFAULT_MODELS)
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--threads", type=int, default=1, help="threads on both sides (armperf 3)")
     ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
     ap.add_argument("--json", type=Path, help="write all figures here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
@@ -89,7 +92,8 @@ def main() -> int:
     rows = []
     head = f"{'model':18s} {'isa':8s} {'tflite cyc':>11s}"
     for b in builders:
-        head += f" {b + ' cyc':>14s} {'tflite/' + b:>17s} {'(as armperf)':>12s}"
+        head += f" {b + ' cyc':>14s} {'tflite/' + b:>17s}"
+    versions = set()
     print(head, flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for name in a.models:
@@ -98,19 +102,21 @@ def main() -> int:
                 row = {"model": name, "isa": level}
                 line = f"{name:18s} {level:8s}"
                 for b, make in builders.items():
-                    lib = build.export_aarch64(make(model, level),
+                    lib = export.export_aarch64(make(model, level),
                                                Path(tmp) / f"{name}-{level}-{b}.so")
-                    r = compare(a.armperf, model, lib, level, a.runs)
-                    row["tflite"] = reprice(r["tflite"], level)
-                    row[b] = reprice(r["tvm"], level)
-                    row[f"tflite_over_{b}"] = row["tflite"] / row[b]
-                    row[f"tflite_over_{b}_as_armperf"] = r["tflite_over_tvm"]
+                    r = compare(a.armperf, model, lib, level, a.runs, a.threads)
+                    row["tflite"] = figure(r["tflite"])
+                    row[b] = figure(r["tvm"])
+                    row[f"tflite_over_{b}"] = r["tflite_over_tvm"]
+                    row["armperf"] = r["tvm"].get("armperf", 1)
+                    row["threads"] = a.threads
+                    versions.add(row["armperf"])
                 line += f" {row['tflite']:11.4g}"
                 for b in builders:
-                    line += (f" {row[b]:14.4g} {row['tflite_over_' + b]:17.3f}"
-                             f" {row['tflite_over_' + b + '_as_armperf']:12.3f}")
+                    line += f" {row[b]:14.4g} {row['tflite_over_' + b]:17.3f}"
                 rows.append(row)
                 print(line, flush=True)
+    print(f"(armperf version {', '.join(map(str, sorted(versions)))}, {a.threads} thread(s))")
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
     if a.png:
@@ -135,7 +141,8 @@ def chart(rows: list[dict], builders: list[str], path: Path) -> None:
     ax.set_xticks([x + width * (len(builders) - 1) / 2 for x in range(len(rows))], labels,
                   fontsize=7, rotation=45, ha="right")
     ax.set_ylabel("TFLite est. cycles / TVM est. cycles (above 1: TVM faster)")
-    ax.set_title("Whole models, armperf estimated cycles, 1 thread")
+    threads = rows[0].get("threads", 1) if rows else 1
+    ax.set_title(f"Whole models, armperf estimated cycles, {threads} thread(s)")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -27,9 +27,9 @@ Where the loop comes from (``--source``):
   llvm     (default) the LLVM assembly of the compiled PrimFunc: the innermost loop (a
            block that branches back to its own label) holding the most MACs.
   armperf  the hottest block of an armperf run of the kernel (what the emulated CPU ran).
-           qemu's disassembler prints sdot/smmla/... as ``.byte`` words, which llvm-mca
-           reads as data and prices at zero cycles; those words are decoded here back to
-           their mnemonics (``decode_word``) before llvm-mca sees the block.
+           armperf 2 and later print sdot/smmla/... decoded; a block from armperf 1
+           still holds them as the ``.byte`` words qemu's disassembler printed, which
+           llvm-mca would read as data, so such words are decoded here (``decode_word``).
 
     python scripts/inner_loop_peak.py [--layers REGEX] [--isa neon dotprod i8mm]
                                       [--source llvm|armperf] [--show]
@@ -193,7 +193,7 @@ def llvm_hot_loop(layer, level: str) -> list[str]:
     q, x = bl.check_layer(layer, bl.tflite_model(layer))
     kern = bl.make_kernel(layer, q, x, level, None)
     ex = tvm.compile(tvm.IRModule({layer.symbol: kern.func}),
-                     target=bl.build.resolve_target(level))
+                     target=bl.targets.resolve(level))
     loops = innermost_loops(ex.mod.inspect_source("asm"), f"{layer.symbol}_compute_")
     if not loops:
         raise RuntimeError(f"{layer.name}: no innermost loop found")
