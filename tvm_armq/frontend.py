@@ -42,6 +42,15 @@ Two quantized converters are replaced so that the float chain means what TFLite 
     PRELU               not in TVM's list of quantized ops; ``_convert_prelu`` imports a
                         quantized one as quantize(where(d >= 0, d, d * dequantize(alpha)))
                         with d = dequantize(x) and alpha broadcast as TFLite broadcasts it.
+    SOFTMAX             TVM's drops the op's ``beta`` (softmax(beta * x)): a beta other
+                        than 1 computed something else, float or quantized (found by
+                        ``scripts/fuzz.py``). ``_convert_softmax`` emits
+                        softmax(multiply(x, beta)) then; the pass reads beta back.
+
+A tensor with one scale is quantized per tensor whatever axis its file names: TFLite's
+converter writes axis 3 for every depthwise weight, and TVM's DEPTHWISE_CONV_2D refuses a
+one-scale weight whose axis is not 0 (a depthwise layer of one channel; found by
+``scripts/fuzz.py``). ``_one_scale_per_tensor`` reads such a tensor's axis as 0.
 
 Each TFLite operator's result is bound to a Relax variable named ``op<index>_<code>``
 (``op12_hard_swish``, see ``operator_name`` / ``operator_of``): the pass reads which
@@ -204,6 +213,52 @@ def _convert_prelu(original):
     return convert_prelu
 
 
+def _one_scale_per_tensor(original):
+    """get_tensors with a one-scale tensor's quantization axis read as 0 (the docstring)."""
+
+    def get_tensors(self, tensors_idx_list):
+        wrapped = original(self, tensors_idx_list)
+        for t in wrapped:
+            q = t.qnn_params
+            if q and q.get("axis", 0) != 0 and t.tensor.Quantization().ScaleLength() == 1:
+                q["axis"] = 0
+        return wrapped
+
+    return get_tensors
+
+
+def softmax_beta(op) -> float:
+    """The ``beta`` of a TFLite SOFTMAX operator (float32, as stored)."""
+    from tflite.SoftmaxOptions import SoftmaxOptions
+
+    table = op.BuiltinOptions()
+    if table is None:
+        return 1.0
+    opts = SoftmaxOptions()
+    opts.Init(table.Bytes, table.Pos)
+    return float(opts.Beta())
+
+
+def _convert_softmax(original):
+    """SOFTMAX with its beta, as the docstring says; TVM's where beta is 1."""
+
+    def convert_softmax(self, op):
+        from tvm import relax
+
+        beta = softmax_beta(op)
+        if beta == 1.0:
+            return original(self, op)
+        x_t = self.get_input_tensors(op)[0]
+        out_t = self.get_output_tensors(op)[0]
+        x = self.get_tensor_expr(x_t)
+        if x_t.qnn_params:
+            x = self.bb.normalize(self.dequantize(x, x_t))
+        y = relax.op.nn.softmax(relax.op.multiply(x, relax.const(beta, "float32")), axis=-1)
+        return self.quantize(y, out_t) if out_t.qnn_params else y
+
+    return convert_softmax
+
+
 def _bind_named(converter, code: str, convert, positions: dict):
     """``convert`` with its result (a call) emitted as the variable ``op<index>_<code>``."""
 
@@ -244,5 +299,7 @@ def extend() -> None:
         "PRELU", "RESIZE_NEAREST_NEIGHBOR"}
     conv.convert_transpose_conv = _convert_transpose_conv(conv.convert_transpose_conv)
     conv.convert_prelu = _convert_prelu(conv.convert_prelu)
+    conv.convert_softmax = _convert_softmax(conv.convert_softmax)
+    conv.get_tensors = _one_scale_per_tensor(conv.get_tensors)
     conv.__init__ = _naming_init(conv.__init__)
     setattr(conv, _MARK, True)

@@ -148,11 +148,15 @@ def _match_layer(graph: Graph, quantize, clip) -> _Layer:
         in_c, groups = shape_of(x)[3], int(attrs.groups)
         if groups > 1 and groups == in_c and str(attrs.kernel_layout) == "HWOI":
             op = "depthwise_conv2d"
-            # The frontend reshapes TFLite's [1, kh, kw, C*M] to HWOI; the dequantized
-            # constant underneath is TFLite's own layout, which the kernel packs from.
-            if weight.ndim != 4 or weight.shape[0] != 1:
+            # The frontend makes TFLite's [1, kh, kw, C*M] HWOI [kh, kw, C*M, 1]: a
+            # per-channel weight by a reshape after the dequantize (the constant under it
+            # is TFLite's layout), a per-tensor one by reshaping the constant itself. Both
+            # keep the bytes in order, so TFLite's layout, which the kernel packs from,
+            # is a reshape away.
+            kh, kw, n_out, one = shape_of(core.args[1])
+            if weight.shape not in ((1, kh, kw, n_out), (kh, kw, n_out, one)) or one != 1:
                 raise NotInteger(f"depthwise weight of shape {weight.shape}")
-            n_out = weight.shape[-1]
+            weight = weight.reshape(1, kh, kw, n_out)
         elif str(attrs.kernel_layout) == "HWIO":
             op, n_out = "conv2d", weight.shape[3]
         else:
@@ -282,18 +286,15 @@ class _Options:
     target: object
     tuned_schedule: object = None
     schedule: bool = True
+    variants: object = None  # portable.Variants of a portable build: per-level GEMMs
 
 
 def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
     """conv2d / dense as ``schedules.conv2d_gemm``: one plan, its func, scheduled by
     ``opts.tuned_schedule`` where that has a schedule, else by the plan; uint8 with a weight
     zero point also runs ``schedules.conv2d_u8``'s row sums first."""
-    from tvm_armq.intrinsics import kernels
-    from tvm_armq.schedules import conv2d_gemm as cg
-    from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule, tir_util
     from tvm_armq.schedules.gemm_layout import Conv2DShape
 
-    dtype = layer.out_dtype
     # the input: a graph variable, or a kernel's output (TRANSPOSE_CONV's zero insertion)
     in_shape = layer.x.out_shape if isinstance(layer.x, _KernelCall) else shape_of(layer.x)
     if layer.op == "dense":
@@ -306,9 +307,49 @@ def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
         shape = Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
                             **_conv_window(layer))
         w_hwio = layer.weight
-    # one lookup in the selection table (a GEMM of one row takes a one-row kernel, one
-    # whose K is 1-8 past a multiple of 16 neon's 8-byte kernel), then one plan
-    target, schedule = opts.target, opts.schedule
+    data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
+    out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
+    if opts.variants is not None and opts.schedule and not layer.w_zp:
+        return _portable_gemm(layer, label, shape, w_hwio, data, in_shape, out_shape, opts)
+    scheduled, plan, kernel, consts, tuned = _gemm_variant(layer, shape, w_hwio, opts.target,
+                                                           opts)
+    after, dtype = [], layer.out_dtype
+    if layer.w_zp:  # the weight zero point needs each output pixel's sum of inputs
+        from tvm_armq.schedules import conv2d_u8 as cu
+
+        f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
+        after.append(_KernelCall(cu.schedule_row_sums(f) if opts.schedule else f, "row_sums", data,
+                                 [], (shape.gemm_m, shape.groups), None, "int32"))
+    tail = plan.tail.kernel.name if plan.tail is not None else None
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned, tail,
+                     _portable_kernels(layer, shape, opts.target))
+    return _KernelCall(scheduled, layer.op, data, consts, out_shape, record, dtype, after)
+
+
+def _portable_kernels(layer: _Layer, shape, target) -> tuple:
+    """What a portable build would run per level (for ``inspect``, which builds nothing);
+    () for a single-level target."""
+    from tvm_armq.intrinsics import kernels
+
+    from .targets import portable_levels, resolve
+
+    levels = portable_levels(target)
+    if levels is None or layer.w_zp:
+        return ()
+    dtype = layer.out_dtype
+    return tuple(kernels.select(resolve(lvl), dtype, dtype, rows=shape.gemm_m,
+                                depth=shape.gemm_k).name for lvl in levels)
+
+
+def _gemm_variant(layer: _Layer, shape, w_hwio, target, opts: _Options, tune: bool = True):
+    """The layer's GEMM for ``target``: (scheduled func, plan, kernel, constants, tuned).
+    One lookup in the selection table (a GEMM of one row takes a one-row kernel, one whose
+    K is 1-8 past a multiple of 16 neon's 8-byte kernel), then one plan."""
+    from tvm_armq.intrinsics import kernels
+    from tvm_armq.schedules import conv2d_gemm as cg
+    from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule, tir_util
+
+    dtype = layer.out_dtype
     kernel = kernels.select(target, dtype, dtype, rows=shape.gemm_m, depth=shape.gemm_k)
     plan = gemm_plan.plan(shape, kernel)
     mult, shift = _requant(layer)
@@ -320,26 +361,41 @@ def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
                                          max_shift=int(shift.max()),
                                          rounding=requant_rounding(layer))
     scheduled = None
-    if opts.tuned_schedule is not None:
+    if tune and opts.tuned_schedule is not None:
         scheduled = opts.tuned_schedule(func, plan)
     tuned = scheduled is not None
     if not tuned:
-        scheduled = (gemm_schedule.schedule_conv2d_gemm(func, plan, target) if schedule
+        scheduled = (gemm_schedule.schedule_conv2d_gemm(func, plan, target) if opts.schedule
                      else tir_util.merge_outputs(func))
     consts = [*cg.constants(plan, w_hwio, layer.bias, layer.x_q[1], w_zp=layer.w_zp), mult,
               shift]
-    data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
-    after = []
-    if layer.w_zp:  # the weight zero point needs each output pixel's sum of inputs
-        from tvm_armq.schedules import conv2d_u8 as cu
+    return scheduled, plan, kernel, consts, tuned
 
-        f = cu.row_sums_func(shape, in_zp=layer.x_q[1], in_dtype=dtype)
-        after.append(_KernelCall(cu.schedule_row_sums(f) if schedule else f, "row_sums", data,
-                                 [], (shape.gemm_m, shape.groups), None, "int32"))
-    tail = plan.tail.kernel.name if plan.tail is not None else None
-    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernel.name, tuned, tail)
-    return _KernelCall(scheduled, layer.op, data, consts,
-                       (shape.gemm_m, shape.groups, shape.gemm_n), record, dtype, after)
+
+def _portable_gemm(layer: _Layer, label: str, shape, w_hwio, data, in_shape, out_shape,
+                   opts):
+    """A portable build's GEMM layer (``portable.py``): the layer's GEMM for every level
+    of the build, each compiled apart, and the dispatcher that calls the CPU's level."""
+    from . import portable
+    from .targets import resolve
+
+    built = {level: _gemm_variant(layer, shape, w_hwio, resolve(level), opts, tune=False)
+             for level in opts.variants.levels}
+    arrays, index = portable.unique_consts({lvl: b[3] for lvl, b in built.items()})
+    dtype = layer.out_dtype
+    consts = [(f"c{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)]
+    calls = {}
+    for level, (func, _plan, kernel, _consts, _tuned) in built.items():
+        symbol = opts.variants.add(level, label, func, kernel.name)
+        calls[level] = (symbol, ["data", *(f"c{i}" for i in index[level]), "output"])
+    kernels_ = tuple(b[2].name for b in built.values())
+    func = portable.dispatcher([("data", data[0][1], dtype)], consts,
+                               ("output", out_shape, dtype), calls,
+                               {"tvm_armq.op": "conv2d_gemm_portable",
+                                "tvm_armq.kernel": "+".join(kernels_)})
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernels_[0],
+                     variants=kernels_)
+    return _KernelCall(func, layer.op, data, arrays, out_shape, record, dtype)
 
 
 def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
@@ -527,12 +583,16 @@ def _int8_op(graph: Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
         return _KernelCall(func, op, [x], [], out_shape,
                            record(names.elementwise_name("mean"), [x]))
     if op == "softmax":
-        x, x_q = _quantized_var(graph, core.args[0], "the softmax input")
+        arg, beta = core.args[0], 1.0
+        scaled = graph.call(arg, "relax.multiply")  # softmax(beta * x): frontend.py
+        if scaled is not None and graph.const(scaled.args[1]) is not None:
+            arg, beta = scaled.args[0], float(graph.const(scaled.args[1]))
+        x, x_q = _quantized_var(graph, arg, "the softmax input")
         if int(core.attrs.axis) not in (-1, len(shape_of(x)) - 1):
             raise NotInteger("softmax over an axis other than the last")
         if out_q != (1.0 / 256, -128):
             raise NotInteger(f"softmax output quantization {out_q} (TFLite's is 1/256, -128)")
-        func, table = ops.softmax_func(shape_of(x), x_q)
+        func, table = ops.softmax_func(shape_of(x), x_q, beta)
         return _KernelCall(func, op, [x], [table], out_shape,
                            record(names.elementwise_name("softmax"), [x]))
     if op == "dequantize":  # quantize(dequantize(x)): TFLite's QUANTIZE, a requantization
@@ -818,7 +878,7 @@ def _op_names(value) -> tuple[str, ...]:
 
 
 def quantized_to_integer(target, *, tuned_schedule=None, report: list | None = None,
-                         schedule: bool = True):
+                         schedule: bool = True, variants=None):
     """The pass: every matched quantized layer of every Relax function becomes a tvm_armq
     kernel for ``target``. ``report`` (if given) receives one ``Lowered`` or ``Fallback``
     record per quantized layer.
@@ -828,11 +888,15 @@ def quantized_to_integer(target, *, tuned_schedule=None, report: list | None = N
     schedule of it or None, and the plan's default schedule runs where it gives none (the
     tuner's ``tuning.database_schedule`` replays a database; its task extraction records
     the layers). ``schedule=False`` leaves the kernels unscheduled: for ``inspect`` and
-    task extraction, never for a build.
+    task extraction, never for a build. A portable target (``targets.portable``) builds
+    every GEMM layer once per level into ``variants`` (a ``portable.Variants``, linked
+    into the library after the build: ``build.compile_tflite`` does it) behind a
+    dispatcher; without ``variants`` (``inspect``) its layers are planned for the
+    baseline level.
     """
     import tvm
 
-    opts = _Options(target, tuned_schedule, schedule)
+    opts = _Options(target, tuned_schedule, schedule, variants)
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.QuantizedToInteger")
     def run(mod, _ctx):

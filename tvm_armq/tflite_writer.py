@@ -1,14 +1,30 @@
-"""Write single-operator .tflite files directly, for what TensorFlow's converter cannot make.
+"""Write .tflite files directly, for what TensorFlow's converter cannot make.
 
 The zoo (``zoo.py``) builds its models with TensorFlow's converter, which today emits
-int8 only. Legacy uint8 models (asymmetric weights) and exact quantization parameters
-chosen by a test need the flatbuffer written by hand: ``single_op_model`` does it with
-the ``tflite`` package's builders, for one operator, its tensors and its options.
+int8 only. Legacy uint8 models (asymmetric weights), exact quantization parameters chosen
+by a test, and the fuzzer's random layers (``scripts/fuzz.py``) need the flatbuffer
+written by hand: ``graph_model`` writes any list of operators over a list of tensors with
+the ``tflite`` package's builders, ``single_op_model`` the common case of one operator.
 """
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class Operator:
+    """One operator of a graph: its builtin code (a ``tflite.BuiltinOperator``), the indices
+    of its input and output tensors, its options as (``tflite.BuiltinOptions`` type,
+    function(builder) -> offset) or None, and the operator version."""
+
+    op: int
+    inputs: tuple
+    outputs: tuple
+    options: tuple | None = None
+    version: int = 2
 
 
 def _vector(builder, start, values, prepend):
@@ -26,6 +42,15 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
     ``data`` (a constant, e.g. MEAN's axes); ``inputs``/``outputs``: tensor indices;
     ``options``: (``tflite.BuiltinOptions`` type, function(builder) -> offset) or None.
     Non-constant inputs become the model's inputs, in order."""
+    graph_in = [i for i in inputs if tensors[i].get("data") is None]
+    return graph_model(tensors, [Operator(op, tuple(inputs), tuple(outputs), options, version)],
+                       graph_in, list(outputs))
+
+
+def graph_model(tensors, operators: list[Operator], inputs, outputs) -> bytes:
+    """A .tflite flatbuffer with ``operators`` (in execution order) over ``tensors`` (dicts
+    as for ``single_op_model``); ``inputs`` and ``outputs`` are the model's input and output
+    tensor indices, in order."""
     import flatbuffers
     import tflite
 
@@ -70,22 +95,25 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
         if quant is not None:
             tflite.TensorAddQuantization(b, quant)
         offsets.append(tflite.TensorEnd(b))
-    opts = options[1](b) if options else None
-    op_in = _vector(b, tflite.OperatorStartInputsVector, list(inputs), b.PrependInt32)
-    op_out = _vector(b, tflite.OperatorStartOutputsVector, list(outputs), b.PrependInt32)
-    tflite.OperatorStart(b)
-    tflite.OperatorAddOpcodeIndex(b, 0)
-    tflite.OperatorAddInputs(b, op_in)
-    tflite.OperatorAddOutputs(b, op_out)
-    if opts is not None:
-        tflite.OperatorAddBuiltinOptionsType(b, options[0])
-        tflite.OperatorAddBuiltinOptions(b, opts)
-    operator = tflite.OperatorEnd(b)
-    graph_inputs = [i for i in inputs if tensors[i].get("data") is None]
+    codes_of: dict[tuple[int, int], int] = {}  # (builtin op, version) -> opcode index
+    op_offsets = []
+    for o in operators:
+        index = codes_of.setdefault((o.op, o.version), len(codes_of))
+        opts = o.options[1](b) if o.options else None
+        op_in = _vector(b, tflite.OperatorStartInputsVector, list(o.inputs), b.PrependInt32)
+        op_out = _vector(b, tflite.OperatorStartOutputsVector, list(o.outputs), b.PrependInt32)
+        tflite.OperatorStart(b)
+        tflite.OperatorAddOpcodeIndex(b, index)
+        tflite.OperatorAddInputs(b, op_in)
+        tflite.OperatorAddOutputs(b, op_out)
+        if opts is not None:
+            tflite.OperatorAddBuiltinOptionsType(b, o.options[0])
+            tflite.OperatorAddBuiltinOptions(b, opts)
+        op_offsets.append(tflite.OperatorEnd(b))
     tens = _vector(b, tflite.SubGraphStartTensorsVector, offsets, b.PrependUOffsetTRelative)
-    g_in = _vector(b, tflite.SubGraphStartInputsVector, graph_inputs, b.PrependInt32)
+    g_in = _vector(b, tflite.SubGraphStartInputsVector, list(inputs), b.PrependInt32)
     g_out = _vector(b, tflite.SubGraphStartOutputsVector, list(outputs), b.PrependInt32)
-    g_ops = _vector(b, tflite.SubGraphStartOperatorsVector, [operator],
+    g_ops = _vector(b, tflite.SubGraphStartOperatorsVector, op_offsets,
                     b.PrependUOffsetTRelative)
     tflite.SubGraphStart(b)
     tflite.SubGraphAddTensors(b, tens)
@@ -93,12 +121,15 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
     tflite.SubGraphAddOutputs(b, g_out)
     tflite.SubGraphAddOperators(b, g_ops)
     graph = tflite.SubGraphEnd(b)
-    tflite.OperatorCodeStart(b)
-    tflite.OperatorCodeAddBuiltinCode(b, op)
-    tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(op, 127))  # the pre-2.4 field
-    tflite.OperatorCodeAddVersion(b, version)
-    code = tflite.OperatorCodeEnd(b)
-    codes = _vector(b, tflite.ModelStartOperatorCodesVector, [code], b.PrependUOffsetTRelative)
+    code_offsets = []
+    for op, version in codes_of:  # in index order: dicts keep insertion order
+        tflite.OperatorCodeStart(b)
+        tflite.OperatorCodeAddBuiltinCode(b, op)
+        tflite.OperatorCodeAddDeprecatedBuiltinCode(b, min(op, 127))  # the pre-2.4 field
+        tflite.OperatorCodeAddVersion(b, version)
+        code_offsets.append(tflite.OperatorCodeEnd(b))
+    codes = _vector(b, tflite.ModelStartOperatorCodesVector, code_offsets,
+                    b.PrependUOffsetTRelative)
     graphs = _vector(b, tflite.ModelStartSubgraphsVector, [graph], b.PrependUOffsetTRelative)
     bufs = _vector(b, tflite.ModelStartBuffersVector, buffers, b.PrependUOffsetTRelative)
     tflite.ModelStart(b)
@@ -108,3 +139,22 @@ def single_op_model(op: int, tensors, inputs, outputs, options=None, version: in
     tflite.ModelAddBuffers(b, bufs)
     b.Finish(tflite.ModelEnd(b), file_identifier=b"TFL3")
     return bytes(b.Output())
+
+
+def options(kind: str, **fields) -> tuple:
+    """A builtin options table for ``single_op_model`` / ``Operator``: ``kind`` is the
+    table's name in the TFLite schema (``"Conv2DOptions"``) and each keyword one of its
+    fields, as the ``tflite`` package spells the adder (``Padding``, ``StrideW``,
+    ``FusedActivationFunction``, ...). Scalar fields only."""
+    import tflite
+
+    start, end = getattr(tflite, f"{kind}Start"), getattr(tflite, f"{kind}End")
+    adders = [(getattr(tflite, f"{kind}Add{name}"), value) for name, value in fields.items()]
+
+    def build(b):
+        start(b)
+        for add, value in adders:
+            add(b, value)
+        return end(b)
+
+    return getattr(tflite.BuiltinOptions, kind), build

@@ -1,0 +1,94 @@
+"""The differential fuzzer (scripts/fuzz.py): a fixed-seed slice at every ISA level, every
+reproducer it ever found, and the host-side promises its reproducers rest on.
+
+A slice is one batch of random cases (single layers and chains of every op the fuzzer
+draws) compiled as one module, run on the level's emulated device and compared with
+TFLite's reference kernels bit for bit. ``tests/fuzz_cases/`` holds each failing case the
+fuzzer found, written alone (``<level>-s<seed>-<index>.tflite`` with its ``.json``); each
+runs here at the level it failed on, against TFLite, on several inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
+
+import fuzz  # noqa: E402
+
+from tvm_armq.targets import LEVELS  # noqa: E402
+
+CASES_DIR = Path(__file__).with_name("fuzz_cases")
+SLICE_SEED = 20261124
+SLICE_N = 24  # one batch per level: a few minutes each under emulation
+
+
+def _reproducers() -> list[Path]:
+    return sorted(CASES_DIR.glob("*.tflite"))
+
+
+@pytest.mark.parametrize("level", list(LEVELS))
+def test_fixed_seed_slice(level, devices):
+    outcomes = fuzz.fuzz(level, SLICE_N, SLICE_SEED, list(fuzz.LAYERS), batch=SLICE_N,
+                         session=devices.session(level), log=lambda *_: None)
+    bad = [f"{o.kind}: {o.case.name} {o.case.describe()}: {o.detail}"
+           for o in outcomes if o.kind != "ok"]
+    assert not bad, "\n".join(bad)
+    # the comparison means something only where TFLite's outputs vary
+    alive = sum(o.alive for o in outcomes)
+    assert alive >= 0.7 * len(outcomes), fuzz.summary(outcomes)
+
+
+def test_reproducers_are_exact(devices, tmp_path):
+    """Every case the fuzzer ever found failing, at its level, on four inputs."""
+    from tvm_armq import build, export
+    from tvm_armq.report import Fallback
+    from tvm_armq.tflite_model import TFLiteModel
+
+    paths = _reproducers()
+    assert paths, f"{CASES_DIR} holds no reproducer"
+    sessions = {}  # one per level: a device serves one session at a time
+    for path in paths:
+        meta = json.loads(path.with_suffix(".json").read_text())
+        model, report = TFLiteModel.load(path), []
+        lib = export.export_aarch64(build.compile_tflite(model, meta["level"], report=report),
+                                    tmp_path / f"{path.stem}.so")
+        assert not [r for r in report if isinstance(r, Fallback)], path.name
+        level = meta["level"]
+        if level not in sessions:
+            sessions[level] = devices.session(level)
+        run = build.DeviceModel(sessions[level], lib)  # one upload per library
+        for seed in range(4):
+            inputs = model.random_inputs(seed)
+            got = run(inputs)
+            for g, e in zip(got, model.reference_outputs(inputs)):
+                assert np.array_equal(g, e), f"{path.name} (seed {seed}): {meta['layers']}"
+
+
+def test_a_case_is_the_same_alone_and_in_a_batch():
+    """Case i of a seed draws from its own generator: the reproducer written alone is the
+    layer that failed in the batch, and a run is repeatable."""
+    ops = list(fuzz.LAYERS)
+    alone = [fuzz.batch_model(7, [i], ops, 0.5)[1][0].layers for i in range(6)]
+    together = [c.layers for c in fuzz.batch_model(7, range(6), ops, 0.5)[1]]
+    assert repr(alone) == repr(together)
+    first, again = (fuzz.batch_model(7, [3], ops, 0.5)[0].data for _ in range(2))
+    assert first == again
+
+
+@pytest.mark.parametrize("op", list(fuzz.LAYERS))
+def test_every_op_draws_models_tflite_runs(op):
+    """Each generator writes models TFLite's reference kernels accept, mostly with live
+    outputs: a generator that TFLite rejects would only ever report errors."""
+    alive = 0
+    for i in range(6):
+        model, cases = fuzz.batch_model(11, [i], [op], 0.0)
+        assert [name for name, _ in cases[0].layers] == [op]
+        out = model.reference_outputs(model.random_inputs(0))
+        alive += len(np.unique(out[0])) > 1
+    assert alive >= 3, f"{op}: {alive} of 6 random layers have a varying output"
