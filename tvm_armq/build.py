@@ -21,6 +21,7 @@ import numpy as np
 
 from . import targets
 from .export import export_aarch64
+from .portable import SELECTOR, level_name
 from .report import Fallback
 from .targets import LEVELS
 from .tflite_import import import_tflite
@@ -84,8 +85,19 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 f"(tvm_armq's kernels); {targets.describe(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
     layers = [] if report is None else report
+    variants = None
+    levels = targets.portable_levels(tgt)
+    if levels is not None:
+        from .portable import Variants
+
+        if precision != "int8" or tuning_database is not None:
+            raise UnsupportedTarget(
+                "a portable build runs default-scheduled int8 kernels: precision "
+                f"{precision!r} and tuning databases need a single ISA level (--isa neon, "
+                "dotprod or i8mm)")
+        variants = Variants(levels)
     mod = lower(mod, tgt, database=_load_database(tuning_database, tgt), precision=precision,
-                report=layers)
+                report=layers, variants=variants)
     fallbacks = [r for r in layers if isinstance(r, Fallback)]
     if strict and fallbacks:
         raise tvm.error.OpNotImplemented(
@@ -97,20 +109,26 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             f"strict: {TFLiteModel.load(model).label} has no quantized layer, so nothing "
             "would run on tvm_armq's integer kernels (a float model: quantize it to int8, "
             "or compile it with precision bf16 at the i8mm level)")
-    return tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
+    executable = tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
+    if variants is not None:
+        variants.link(executable)
+    return executable
 
 
-def lower(mod, target, *, database=None, precision: str = "int8", report: list | None = None):
+def lower(mod, target, *, database=None, precision: str = "int8", report: list | None = None,
+          variants=None):
     """``mod`` (an imported TFLite model) with tvm_armq's passes applied for the aarch64
     ``target``: quantized layers on integer kernels (scheduled from ``database`` where it
     has them), and with ``precision="bf16"`` float conv2d / dense as bfmmla GEMMs.
     ``report`` receives a record per layer. ``tvm.compile(mod, target=target,
-    relax_pipeline=hooks.stock_pipeline())`` then builds it (the pass has already run)."""
+    relax_pipeline=hooks.stock_pipeline())`` then builds it (the pass has already run).
+    A portable target's per-level GEMMs go to ``variants`` (``portable.Variants``), to be
+    linked into the executable after that build."""
     from . import integrate
 
     with target:
         mod = integrate.quantized_to_integer(target, tuned_schedule=_tuned(database, target),
-                                             report=report)(mod)
+                                             report=report, variants=variants)(mod)
         if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
             from . import integrate_bf16
 
@@ -193,8 +211,19 @@ class DeviceModel:
         # Upload once: overwriting a library the device process has loaded crashes it.
         session.upload(str(library))
         self.dev = session.cpu(0)
-        self.vm = VirtualMachine(session.load_module(library.name), self.dev)
+        self.library = session.load_module(library.name)
+        self.vm = VirtualMachine(self.library, self.dev)
         self.entry = entry
+
+    def selected_level(self) -> str:
+        """The ISA level a portable library's layers run at on this device's CPU
+        (``portable.py``); raises ``RuntimeError`` with the library's reason if it refuses
+        to run (a ``TVM_ARMQ_ISA`` cap above the CPU)."""
+        import tvm
+
+        out = tvm.runtime.tensor(np.zeros(1, "int32"), self.dev)
+        self.library[SELECTOR](out)
+        return level_name(int(out.numpy()[0]))
 
     def __call__(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         import tvm

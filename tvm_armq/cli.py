@@ -125,6 +125,18 @@ def _isa(text: str) -> str:
     return text
 
 
+def _build_isa(text: str) -> str:
+    """An ISA level, or ``portable``: one library with every level's GEMM kernels."""
+    if text == targets.PORTABLE:
+        return text
+    try:
+        return _isa(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"unknown ISA level {text!r} (choose from {', '.join(LEVELS)} or "
+            f"{targets.PORTABLE})") from None
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -219,14 +231,20 @@ def _session(a):
             raise UsageError(str(e)) from None
         return (endpoint.connect(session_timeout=a.session_timeout, timeout=a.timeout),
                 endpoint, lambda: None)
-    dev = device.running(a.isa)
+    level = _device_isa(a)
+    dev = device.running(level)
     if dev is not None:  # started earlier by `device start`: leave it running
         return (dev.connect(session_timeout=a.session_timeout, timeout=a.timeout),
                 dev.endpoint, lambda: None)
-    print(f"starting the emulated {a.isa} device ...", file=sys.stderr)
-    dev = device.start(a.isa)
+    print(f"starting the emulated {level} device ...", file=sys.stderr)
+    dev = device.start(level)
     return (dev.connect(session_timeout=a.session_timeout, timeout=a.timeout), dev.endpoint,
             dev.stop)
+
+
+def _device_isa(a) -> str:
+    """The level of the emulated device a command runs on: --isa, or --on for portable."""
+    return getattr(a, "on", None) or a.isa if a.isa == targets.PORTABLE else a.isa
 
 
 def _run_on(session, endpoint, lib, inputs, a):
@@ -234,9 +252,16 @@ def _run_on(session, endpoint, lib, inputs, a):
     session that dies while running is explained by probing the device's ISA level."""
     from . import build, device
 
+    def run():
+        model = build.DeviceModel(session, lib)
+        outputs = model(inputs)
+        if a.isa == targets.PORTABLE:
+            print(f"the portable library chose {model.selected_level()} on {endpoint}")
+        return outputs
+
     try:
         return device.call_with_timeout(
-            lambda: build.run_on_device(session, lib, inputs),
+            run,
             a.session_timeout + device.SESSION_GRACE,
             f"the device at {endpoint} did not finish running the model",
             "--session-timeout")
@@ -260,10 +285,11 @@ def _run_on(session, endpoint, lib, inputs, a):
                                  f"({crash}), and the ISA probe failed too "
                                  f"({device.last_line(e)})") from None
     names = list(LEVELS)
-    if names.index(has) < names.index(a.isa):
-        raise device.DeviceLacksFeature(device.lacks_message(endpoint, a.isa, has))
+    wanted = names[0] if a.isa == targets.PORTABLE else a.isa  # portable: neon code
+    if names.index(has) < names.index(wanted):
+        raise device.DeviceLacksFeature(device.lacks_message(endpoint, wanted, has))
     raise device.DeviceError(f"the session on {endpoint} ended while running the model "
-                             f"({crash}), though the device runs {a.isa} code; see the "
+                             f"({crash}), though the device runs {has} code; see the "
                              "device's log")
 
 
@@ -464,7 +490,9 @@ def parser() -> argparse.ArgumentParser:
     c = command("compile", cmd_compile,
                 help="compile a TFLite model into an aarch64 shared library")
     c.add_argument("model")
-    c.add_argument("--isa", type=_isa, default="i8mm")
+    c.add_argument("--isa", type=_build_isa, default="i8mm",
+                   help="an ISA level, or portable: one library that runs on every level, "
+                        "choosing its GEMM kernels from the CPU's features")
     c.add_argument("-o", "--output",
                    help="output .so (default: MODEL.so in the current directory)")
     c.add_argument("--force", action="store_true",
@@ -480,14 +508,16 @@ def parser() -> argparse.ArgumentParser:
     i = command("inspect", cmd_inspect,
                 help="per layer: op, shapes, the kernel chosen or why not")
     i.add_argument("model")
-    i.add_argument("--isa", type=_isa, default="i8mm")
+    i.add_argument("--isa", type=_build_isa, default="i8mm")
     i.add_argument("--tuning", metavar="DIR", help="show which layers the database tunes")
 
     r = command("run", cmd_run,
                 help="compile, run on the aarch64 device, compare with TFLite")
     r.add_argument("model", nargs="?", default=str(BUNDLED_MODEL),
                    help="a .tflite model (default: the bundled MobileNetV1 0.25)")
-    r.add_argument("--isa", type=_isa, default="i8mm")
+    r.add_argument("--isa", type=_build_isa, default="i8mm")
+    r.add_argument("--on", type=_isa, default="i8mm", metavar="LEVEL",
+                   help="with --isa portable: the emulated device to run it on")
     r.add_argument("--device", help="HOST:PORT or TRACKER_HOST:PORT:KEY of a real board "
                                     "(default: the emulated device of --isa)")
     r.add_argument("--seed", type=_non_negative_int, default=0,

@@ -632,11 +632,13 @@ def _log_tail(path: Path, n: int = 3000) -> str:
 
 def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
           tracker: str | None = None, key: str | None = None,
-          timeout: float = START_TIMEOUT, provision_first: bool = True) -> Device:
+          timeout: float = START_TIMEOUT, provision_first: bool = True,
+          env: dict | None = None) -> Device:
     """Start the emulated device of ``level_name`` and wait until it answers RPC.
 
     With ``tracker="HOST:PORT"`` the server also registers there under ``key``
-    (default ``armq-<level>``), as a board in a tuning farm does.
+    (default ``armq-<level>``), as a board in a tuning farm does. ``env``: variables set
+    for the device's process on top of ours (``TVM_ARMQ_ISA``, say).
     """
     lvl = _level(level_name)
     if provision_first:
@@ -652,7 +654,8 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
         key = key or f"armq-{lvl.name}"
         args += ["--tracker", tracker, "--key", key]
     with open(log, "w") as logf:
-        proc = subprocess.Popen(guest_command(lvl.name, *args), env=guest_env(lvl.name),
+        proc = subprocess.Popen(guest_command(lvl.name, *args),
+                                env={**guest_env(lvl.name), **(env or {})},
                                 stdin=subprocess.DEVNULL, stdout=logf, stderr=subprocess.STDOUT,
                                 start_new_session=True)
     # Registered with a tracker, the server only accepts clients the tracker sends

@@ -13,6 +13,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from . import portable
+
 CROSS_CXX = "aarch64-linux-gnu-g++"
 
 
@@ -43,7 +45,13 @@ def export_aarch64(executable, path: str | os.PathLike) -> Path:
     except OSError as e:
         raise OutputError(f"cannot write {path}: {e.strerror or e} (choose another -o)") from None
     try:
-        executable.export_library(tmp, fcompile=cc.cross_compiler(CROSS_CXX))
+        with tempfile.TemporaryDirectory(prefix="tvm_armq_export_") as work:
+            # every library carries tvm_armq_level(), which a portable build's layers call
+            # (portable.py); a few hundred bytes in the others
+            select = Path(work) / "tvm_armq_select.cc"
+            select.write_text(portable.SELECT_SOURCE)
+            executable.export_library(tmp, fcompile=cc.cross_compiler(CROSS_CXX),
+                                      addons=[str(select)])
         os.chmod(tmp, LIBRARY_MODE & ~_umask())  # mkstemp's file is private; a library is not
         os.replace(tmp, path)
     except OSError as e:

@@ -44,6 +44,7 @@ def install() -> None:
     from tvm.relax import pipeline
 
     from . import frontend
+    from .targets import portable_levels
 
     frontend.extend()
     original = pipeline.PIPELINE_MAP["default"]
@@ -56,6 +57,11 @@ def install() -> None:
         @tvm.transform.module_pass(opt_level=0, name="tvm_armq.default_pipeline")
         def run(mod, _ctx):
             target = tvm.target.Target.current(allow_none=True)
+            if applies_to(target) and portable_levels(target) is not None:
+                raise ValueError(
+                    "a portable target links a kernel per ISA level into the library after "
+                    "the build, which tvm.compile does not do: compile the model with "
+                    "tvm_armq.compile_tflite(model, 'portable')")
             if applies_to(target):
                 from .integrate import quantized_to_integer
 

@@ -20,12 +20,15 @@ class Lowered:
     kernel: str      # the kernel's name in the naming grammar (intrinsics/names.py)
     tuned: bool = False
     tail: str | None = None  # the kernel of the GEMM's last M % mr rows (gemm_plan.tail_kernel)
+    variants: tuple = ()  # a portable build's kernel per level, lowest first (portable.py)
 
     def line(self) -> str:
         tag = " (tuned)" if self.tuned else ""
         tail = f" + {self.tail} for the last rows" if self.tail else ""
+        kernel = (" | ".join(self.variants) + " (chosen at run time)" if self.variants
+                  else self.kernel)
         return (f"{self.op:17s} {str(self.in_shape):20s} -> {str(self.out_shape):20s} "
-                f"{self.kernel}{tail}{tag}")
+                f"{kernel}{tail}{tag}")
 
 
 @dataclasses.dataclass(frozen=True)

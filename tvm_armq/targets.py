@@ -82,15 +82,47 @@ def level(name: str) -> IsaLevel:
             f"unknown ISA level {name!r}: expected one of {', '.join(LEVELS)}") from None
 
 
-def target(name: str) -> dict:
-    """JSON target dict for an ISA level (``neon``, ``dotprod``, ``i8mm``) or a named core."""
+def target(name: str, levels=None) -> dict:
+    """JSON target dict for an ISA level (``neon``, ``dotprod``, ``i8mm``), a named core,
+    or ``portable`` (``levels``: the levels it carries, default all)."""
+    if name == PORTABLE:
+        return portable(levels or tuple(LEVELS))
+    if levels is not None:
+        raise ValueError(f"levels= applies to the {PORTABLE!r} target only, not {name!r}")
     return preset(name)
+
+
+PORTABLE = "portable"
+PORTABLE_KEY = "armq_portable"  # target key of a portable build; armq_level_<L> per level
+
+
+def portable(levels=tuple(LEVELS)) -> dict:
+    """The target of one library for every Arm CPU (``tvm_armq/portable.py``): the lowest
+    of ``levels`` compiles everything, and each GEMM layer carries a kernel per level,
+    chosen when it runs. The levels travel as target keys."""
+    unknown = [lvl for lvl in levels if lvl not in LEVELS]
+    if unknown or not levels:
+        raise UnknownIsaError(f"portable levels {list(levels)}: expected some of "
+                              f"{', '.join(LEVELS)}")
+    ordered = [name for name in LEVELS if name in levels]
+    return {**LEVELS[ordered[0]].target(),
+            "keys": ["arm_cpu", "cpu", PORTABLE_KEY, *(f"armq_level_{n}" for n in ordered)]}
+
+
+def portable_levels(target) -> tuple[str, ...] | None:
+    """The levels of a portable target (lowest first), or None for any other target."""
+    keys = [str(k) for k in target.keys]
+    if PORTABLE_KEY not in keys:
+        return None
+    return tuple(n for n in LEVELS if f"armq_level_{n}" in keys)
 
 
 def preset(name: str) -> dict:
     """``target``: the JSON target dict of an ISA level or a named core."""
     if name in LEVELS:
         return LEVELS[name].target()
+    if name == PORTABLE:
+        return portable()
     if name in _CORES:
         lvl, extra = _CORES[name]
         return {**LEVELS[lvl].target(), **extra}
