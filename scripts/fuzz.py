@@ -31,7 +31,7 @@ The distribution (``LAYERS``, one generator per op; each says what it draws):
             shift (M near 2^-20) or a left shift (M above 1)
 
     python scripts/fuzz.py --isa neon --n 200 --seed 1 [--ops conv2d,depthwise,...]
-                           [--batch 24] [--chains 0.2] [--out fuzz-out/]
+                           [--batch 24] [--chains 0.2] [--threads 1] [--out fuzz-out/]
     python scripts/fuzz.py --isa neon --seed 1 --cases 17,40   # replay two cases
     python scripts/fuzz.py --list                     # the ops and their weights
 """
@@ -832,6 +832,8 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=24, help="cases per compiled module")
     ap.add_argument("--chains", type=float, default=0.2, help="share of 3-6 layer chains")
     ap.add_argument("--out", type=Path, default=Path("fuzz-out"), help="reproducers here")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="threads the device runs the kernels with (their parallel loops)")
     ap.add_argument("--cases", help="only these case numbers (comma-separated): a replay")
     ap.add_argument("--list", action="store_true", help="print the ops and exit")
     a = ap.parse_args()
@@ -845,7 +847,7 @@ def main() -> int:
         ap.error(f"--ops: unknown {', '.join(unknown)} (known: {', '.join(LAYERS)})")
     a.out.mkdir(parents=True, exist_ok=True)
     # away from the devices' default ports, which the test suite's devices take
-    dev = device.start(a.isa, port=FUZZ_PORT)
+    dev = device.start(a.isa, port=FUZZ_PORT, env={"TVM_NUM_THREADS": str(a.threads)})
     t0 = time.time()
     try:
         outcomes = fuzz(a.isa, a.n, a.seed, ops, batch=a.batch, chains=a.chains,
