@@ -158,6 +158,14 @@ def _match_layer(graph: Graph, quantize, clip) -> _Layer:
                 raise NotInteger(f"depthwise weight of shape {weight.shape}")
             weight = weight.reshape(1, kh, kw, n_out)
         elif str(attrs.kernel_layout) == "HWIO":
+            # a depthwise layer of one input channel is this conv; its per-channel weight
+            # is TFLite's [1, kh, kw, M] under the frontend's reshape to [kh, kw, 1, M],
+            # the same bytes in the same order (found by scripts/fuzz.py)
+            hwio = tuple(shape_of(core.args[1]))
+            if weight.shape != hwio:
+                if weight.shape != (1, hwio[0], hwio[1], hwio[3]) or hwio[2] != 1:
+                    raise NotInteger(f"conv2d weight of shape {weight.shape}, not {hwio}")
+                weight = weight.reshape(hwio)
             op, n_out = "conv2d", weight.shape[3]
         else:
             raise NotInteger(f"kernel layout {attrs.kernel_layout}")
