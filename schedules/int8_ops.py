@@ -703,14 +703,17 @@ def _rounded_average(acc, count, count_max: int):
     as long as d < 1/(2 count), i.e. ``u * r < 2**29``. With 8-bit inputs u <= 255 * count,
     so ``count <= 1024`` (``POOL_MAX_WINDOW``) is enough. One scalar R per output pixel
     (a constant when no window crosses the border); the rest is sqrdmulh on int32 lanes.
+    A larger window (a global pool over more than 32x32 pixels; found by scripts/fuzz.py)
+    divides as TFLite does, one integer division per lane: slower, as exact.
     """
     from tvm import tirx
 
     from tvm_armq.intrinsics.qmuls import qmuls
 
     if count_max > POOL_MAX_WINDOW:
-        raise ValueError(f"AVERAGE_POOL_2D: a {count_max}-pixel window is larger than "
-                         f"{POOL_MAX_WINDOW}, where the division by multiplication is exact")
+        half = tirx.truncdiv(count, 2)
+        return tirx.Select(acc > 0, tirx.truncdiv(acc + half, count),
+                           tirx.truncdiv(acc - half, count))
     one = 1 << POOL_RECIPROCAL_BITS
     recip = (one + count - 1) // count  # ceil(2**30 / count), Q0.30
     # qmuls reads R as Q0.31, so R / 2 really: the left shift by 1 makes up for it
