@@ -579,7 +579,24 @@ def main(argv: list[str] | None = None) -> int:
         if a.debug:
             traceback.print_exc()
         print(f"{PROG}: error: {error_line(e)}", file=sys.stderr, flush=True)
-        return exit_code(e)
+        code = exit_code(e)
+        _exit_if_a_call_is_stuck(code)
+        return code
+
+
+def _exit_if_a_call_is_stuck(code: int) -> None:
+    """End the process now when an RPC call was abandoned in TVM's C++ code (Ctrl-C or a
+    timeout while it waits, ``device.call_with_timeout``): the interpreter's normal shutdown
+    can wait on TVM's runtime, which that call holds, and the command would hang after
+    printing its error. Our own output is flushed first; nothing else is left to do."""
+    import threading
+
+    from .device import RPC_CALL_THREAD
+
+    if any(t.name == RPC_CALL_THREAD and t.is_alive() for t in threading.enumerate()):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 __all__ = ["EXIT_CODES", "exit_code", "error_line", "main", "parser"]

@@ -370,6 +370,9 @@ def reach(host: str, port: int, timeout: float, what: str) -> None:
 SIGNAL_POLL = 0.1  # s: how often call_with_timeout's caller wakes up to take a Ctrl-C
 
 
+RPC_CALL_THREAD = "tvm_armq-rpc-call"  # cli ends the process at once while one is stuck
+
+
 def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
     """``fn()``, or ``DeviceUnreachable`` if it has not returned within ``timeout`` s (the
     message names ``option``, the CLI option that sets the limit).
@@ -386,7 +389,7 @@ def call_with_timeout(fn, timeout: float, what: str, option: str = "--timeout"):
         except BaseException as e:  # noqa: BLE001 - handed to the caller's thread
             result["error"] = e
 
-    thread = threading.Thread(target=run, name="tvm_armq-rpc-call", daemon=True)
+    thread = threading.Thread(target=run, name=RPC_CALL_THREAD, daemon=True)
     thread.start()
     # Wait in short slices: a signal (Ctrl-C) that the kernel hands to the blocked thread
     # instead of this one is only acted on when this thread wakes up.
