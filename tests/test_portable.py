@@ -60,6 +60,32 @@ def test_every_gemm_layer_carries_a_kernel_per_level(portable_libs):
             assert isas[-1] != isas[0], r.line()
 
 
+def test_kernels_compile_in_the_library_as_they_do_alone():
+    """A level's library holds its GEMMs as each compiles on its own. TVM's LLVM code
+    generator can spread one function's missing ``tirx.noalias`` to the others of a module;
+    a GEMM that loses it keeps its accumulators in memory, which shows as more vector
+    stores (a one-layer model: its GEMM shares the neon library with the level selector)."""
+    import re
+
+    import tvm
+
+    vector_stores = re.compile(r"\tst(r|p|ur|1)\t(q|\{v)")
+
+    def stores(lib):
+        return len(vector_stores.findall(lib.mod.inspect_source("asm")))
+
+    model = TFLiteModel.load(zoo.build("conv2d_3x3"))
+    tgt = targets.resolve(targets.PORTABLE)
+    variants = portable.Variants(targets.portable_levels(tgt))
+    build.lower(build.import_tflite(model), tgt, variants=variants)
+    for level in variants.levels:
+        alone = sum(stores(tvm.compile(tvm.IRModule({v.symbol: v.func}),
+                                       target=targets.resolve(level)))
+                    for v in variants.items if v.level == level)
+        assert alone > 0, level
+        assert stores(variants.compile_level(level)) == alone, level
+
+
 def test_cap_runs_the_neon_kernels_on_an_i8mm_cpu(portable_libs):
     model, lib, _ = portable_libs[NETS[0]]
     dev = device.start("i8mm", port=CAP_PORT, env={portable.ENV_CAP: "neon"})

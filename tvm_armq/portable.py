@@ -119,19 +119,23 @@ class Variants:
         self.items.append(Variant(level, sym, func.with_attr("global_symbol", sym), kernel))
         return sym
 
-    def link(self, executable) -> None:
-        """Compile each level's functions for that level and import them, and the level
-        selector, into ``executable``'s library."""
+    def compile_level(self, level: str):
+        """The library of ``level``'s functions (the baseline level's also holds the level
+        selector), compiled for that level alone; None if it has none."""
         import tvm
 
         from .targets import resolve
 
+        funcs = {v.symbol: v.func for v in self.items if v.level == level}
+        if level == self.levels[0]:
+            funcs[SELECTOR] = selector_func()
+        return tvm.compile(tvm.IRModule(funcs), target=resolve(level)) if funcs else None
+
+    def link(self, executable) -> None:
+        """Import each level's library (``compile_level``) into ``executable``'s."""
         for level in self.levels:
-            funcs = {v.symbol: v.func for v in self.items if v.level == level}
-            if level == self.levels[0]:
-                funcs[SELECTOR] = selector_func()
-            if funcs:
-                lib = tvm.compile(tvm.IRModule(funcs), target=resolve(level))
+            lib = self.compile_level(level)
+            if lib is not None:
                 executable.mod.import_module(lib.mod)
 
 
@@ -146,13 +150,20 @@ def level_name(code: int) -> str:
 
 
 def selector_func():
-    """``tvm_armq_selected_level(out)``: out[0] = the level code this CPU runs."""
+    """``tvm_armq_selected_level(out)``: out[0] = the level code this CPU runs.
+
+    It is marked ``tirx.noalias`` like every kernel, and must be: TVM 0.27's LLVM code
+    generator can carry one function's missing mark over to the others of its module
+    (which ones depends on the order of their names). Without it, the neon GEMMs that
+    share its module lost their ``noalias`` arguments, kept their accumulators in memory
+    (a store at every K step) and cost 1.7x the cycles of the neon build's."""
     import tvm
 
     src = f"""
 # from tvm.script import tirx as T
 @T.prim_func
 def {SELECTOR}(out: T.Buffer((1,), "int32")):
+    T.func_attr({{"tirx.noalias": True}})
     out[0] = T.call_extern("int32", "tvm_armq_level")
 """
     return tvm.script.from_source(src).with_attr("global_symbol", SELECTOR)
