@@ -43,7 +43,8 @@ class TuningTargetMismatch(ValueError):
 
 
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
-                   report: list | None = None, strict: bool = False):
+                   report: list | None = None, strict: bool = False,
+                   kernels: dict | None = None):
     """Import a TFLite model and compile it for ``target``; returns the executable.
 
     For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
@@ -52,7 +53,10 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     them and with default knobs elsewhere. ``report`` (a list) receives what each
     quantized layer became (``report.Lowered`` / ``report.Fallback``); a layer with
     no integer kernel stays float (QDQ) and runs correctly, unless ``strict``, which raises
-    ``tvm.error.OpNotImplemented`` naming every such layer, its op and why.
+    ``tvm.error.OpNotImplemented`` naming every such layer, its op and why. ``kernels`` (a
+    dict) receives, per kernel PrimFunc of the library, (op, kernel) from its attributes
+    (``tvm_armq.kernel``, and ``tvm_armq.op`` or ``tvm_armq.layer_op``): what a
+    per-function profile names layers by.
     ``precision="bf16"`` also runs the fp32 conv2d / dense of a float model as bf16 GEMMs
     (``bfmmla``, weights rounded to bf16 at compile time; needs +bf16, the i8mm level). Any other
     target compiles with stock TVM, exactly as ``tvm.compile`` would.
@@ -109,6 +113,12 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             f"strict: {TFLiteModel.load(model).label} has no quantized layer, so nothing "
             "would run on tvm_armq's integer kernels (a float model: quantize it to int8, "
             "or compile it with precision bf16 at the i8mm level)")
+    if kernels is not None:
+        for gv, func in mod.functions.items():
+            attrs = func.attrs if isinstance(func, tvm.tirx.PrimFunc) and func.attrs else {}
+            if "tvm_armq.kernel" in attrs:  # a GEMM's op attribute, or the layer's op
+                op = attrs.get("tvm_armq.op", attrs.get("tvm_armq.layer_op", ""))
+                kernels[gv.name_hint] = (str(op), str(attrs["tvm_armq.kernel"]))
     executable = tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
     if variants is not None:
         variants.link(executable)

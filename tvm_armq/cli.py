@@ -9,6 +9,7 @@ tune them; manage the emulated device.
     tvm-armq device provision|start|stop|status [--isa LEVEL ...]
     tvm-armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
                   [--rpc-tracker HOST:PORT --key KEY]
+    tvm-armq estimate MODEL.tflite --isa i8mm [--core CORE] [--tuning DIR]
 
 Every failure ends as one line, ``tvm-armq: error: <what, where, what to do>``, and an
 exit status that says which kind of failure it was (``--debug`` adds the traceback):
@@ -79,7 +80,7 @@ EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (3, ("tvm_armq.tflite_model:ModelError",)),
     (5, ("tvm_armq.build:UnsupportedTarget",
          "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
-    (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),
+    (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),  # and CycleModelError
     (7, ("tvm_armq.tuning:TuningError", "tvm_armq.build:TuningTargetMismatch")),
     (8, ("tvm_armq.export:OutputError",)),
     (9, ("tvm_armq.cli:OutputsDiffer",)),
@@ -408,6 +409,39 @@ def cmd_device(a) -> int:
 
 
 # ------------------------------------------------------------------ tune
+def cmd_estimate(a) -> int:
+    import tempfile
+
+    from . import build, cycles
+
+    core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
+    model = _load(a.model)
+    kernels: dict = {}
+    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels)
+    with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
+        lib = export.export_aarch64(exe, Path(tmp) / "model.so")
+        args = [(t.shape, t.dtype) for t in model.signature()[0]]
+        est = cycles.estimate(lib, a.isa, args, core=core)
+    print(f"{model.label} at ISA level {a.isa}, priced on the {core} model: estimated "
+          "cycles of one run")
+    rows = [(r.function, *kernels.get(r.function, ("", "")), r.calls, r.cycles)
+            for r in est.layers if not r.function.startswith("vm.builtin.")]  # bookkeeping
+    rest = est.total - sum(row[-1] for row in rows)
+    rows += [("VM and runtime", "", "", "", rest), ("total", "", "", "", est.total)]
+    w = [max(len(str(row[i])) for row in rows + [("function", "op", "kernel")])
+         for i in range(3)]
+    print(f"  {'function':{w[0]}s}  {'op':{w[1]}s}  {'kernel':{w[2]}s}  calls  "
+          f"{'est. cycles':>12s}   share")
+    for name, op, kernel, calls, cyc in rows:
+        share = f"{cyc / est.total:7.1%}" if est.total and name != "total" else ""
+        print(f"  {name:{w[0]}s}  {op:{w[1]}s}  {kernel:{w[2]}s}  {str(calls):>5s}  "
+              f"{cyc:12,.0f} {share}")
+    print(f"Assumes one {core} core, every load an L1 hit and the model's steady state per "
+          "block (llvm-mca over the blocks qemu counted); it ranks code doing the same work "
+          "and is not a time.")
+    return 0
+
+
 def cmd_tune(a) -> int:
     from . import device, tuning
 
@@ -565,6 +599,16 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--key", help="the boards' device key at --rpc-tracker")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     _timeouts(t, session=False)
+
+    e = command("estimate", cmd_estimate,
+                help="estimated cycles per layer and in total on an Arm core's model (qemu "
+                     "block counts priced by llvm-mca)")
+    e.add_argument("model")
+    e.add_argument("--isa", type=_isa, default="i8mm")
+    e.add_argument("--core", help="the core model that prices the code (default: the "
+                                  "level's: neon cortex-a72, dotprod neoverse-n1, "
+                                  "i8mm neoverse-n2)")
+    e.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
     return p
 
 

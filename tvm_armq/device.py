@@ -48,6 +48,9 @@ DEBIAN_PACKAGES = {  # command that must exist -> Debian package that provides i
     "qemu-aarch64-static": "qemu-user-static",
     "update-binfmts": "binfmt-support",
     "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
+    # the cycle model (cycles.py): decoding and pricing the blocks qemu counted
+    "llvm-mc-19": "llvm-19",
+    "llvm-mca-19": "llvm-19",
 }
 # What the aarch64 Python 3.11 and the TVM runtime load, as Debian arm64 packages.
 SYSROOT_PACKAGES = (
@@ -274,6 +277,9 @@ def provision() -> None:
     _ensure_sysroot()
     _ensure_site()
     _ensure_binfmt()
+    from . import cycles
+
+    cycles.plugin()  # the qemu plugin of the cycle model, built from its C source
 
 
 def provisioned() -> bool:

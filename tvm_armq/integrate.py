@@ -848,8 +848,11 @@ def _lowering_rewriter():
                 args.append(new if shape_of(x) == tuple(shape)
                             else self.builder_.emit(relax.op.reshape(new, shape)))
             # te.create_prim_func names every func "main"; the module names them instead
-            gv = self.builder_.add_func(kc.func.without_attr("global_symbol"),
-                                        f"tvm_armq_{kc.name}")
+            func = kc.func.without_attr("global_symbol")
+            if "tvm_armq.kernel" not in (func.attrs or {}):  # a GEMM names itself
+                func = func.with_attrs({"tvm_armq.kernel": kc.record.kernel,
+                                        "tvm_armq.layer_op": kc.record.op})
+            gv = self.builder_.add_func(func, f"tvm_armq_{kc.name}")
             args += [relax.const(c) for c in kc.consts]
             args += [self.builder_.emit(self._call_tir(c)) for c in kc.after]
             return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, kc.out_dtype))

@@ -1,0 +1,123 @@
+"""The cycle model (tvm_armq/cycles.py): the qemu plugin counts block executions exactly,
+llvm-mca prices blocks on a core's model, code qemu cut in pieces is priced whole, code
+above the emulated level dies (SIGILL) instead of being priced, and ``estimate`` breaks a
+model's cycles down by layer."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tvm_armq import build, cli, cycles, export, targets, zoo
+from tvm_armq.tflite_model import TFLiteModel
+
+LOOP_TRIPS = 1000
+RUNS = 3
+
+
+def _loop_library(tmp_path, level):
+    """One function: ``LOOP_TRIPS`` scalar iterations, each its own pass through the
+    loop's block (a serial, unvectorized loop of a data-dependent recurrence)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def scan(a: T.Buffer((LOOP_TRIPS,), "int32"), b: T.Buffer((LOOP_TRIPS,), "int32")):
+        T.func_attr({"global_symbol": "scan", "tirx.noalias": True})
+        for i in T.serial(LOOP_TRIPS):
+            b[i] = a[i] * 3 + b[T.max(i - 1, 0)]
+
+    lib = tvm.compile(tvm.IRModule({"scan": scan}), target=targets.resolve(level))
+    return export.export_aarch64(lib, tmp_path / f"scan-{level}.so")
+
+
+def test_plugin_counts_every_execution(tmp_path):
+    """Counts are exact and belong to their region: three measured calls count every
+    block of the library exactly three times as often as one call does, and the loop
+    runs its trips (LLVM may unroll it, so its block runs a fraction of LOOP_TRIPS)."""
+    lib = _loop_library(tmp_path, "neon")
+
+    def counted(runs):
+        prof = cycles.profile(lib, "neon", [((LOOP_TRIPS,), "int32")] * 2, kind="func",
+                              entry="scan", runs=runs)
+        return {prof.blocks[b]: c for b, c in prof.counts[cycles.MEASURED].items()
+                if prof.library_of(prof.blocks[b][0]).endswith(lib.name)}
+
+    once, thrice = counted(1), counted(RUNS)
+    assert once and once.keys() == thrice.keys()
+    assert all(thrice[b] == RUNS * once[b] for b in once), (once, thrice)
+    loop = max(once.values())
+    assert LOOP_TRIPS // 8 <= loop <= LOOP_TRIPS
+    # the trips' instructions: at least a load, a multiply-add and a store each
+    assert sum(c * len(b[1]) for b, c in once.items()) >= 3 * LOOP_TRIPS
+
+
+def test_llvm_mca_prices_a_dependency_chain():
+    # eight dependent single-cycle ALU adds: eight cycles an execution on a Cortex-A72
+    chain = ("add x0, x0, #1",) * 8
+    price = cycles.Pricer("cortex-a72").cycles([chain])[chain]
+    assert price == pytest.approx(8.0, abs=0.1)
+    # the same adds on eight registers issue two a cycle (A72: two integer pipes)
+    wide = tuple(f"add x{r}, x{r}, #1" for r in range(8))
+    assert cycles.Pricer("cortex-a72").cycles([wide])[wide] == pytest.approx(4.0, abs=0.1)
+
+
+class _Pricer:
+    """A stand-in for llvm-mca: a sequence costs its length, plus 100 if it is longer than
+    one piece (so a test sees which sequences were priced whole)."""
+
+    def decode(self, words):
+        return {w: "nop" if w != b"\0\0\0\x14" else "b #0" for w in words}
+
+    def cycles(self, seqs):
+        return {s: len(s) + (100 if len(s) > 2 else 0) for s in seqs}
+
+
+def test_code_qemu_cut_in_pieces_is_priced_whole():
+    nop, branch = b"\x1f\x20\x03\xd5", b"\0\0\0\x14"
+    # A (0x1000, two nops) falls into B (0x1008, a nop and a branch); 10 executions enter
+    # at A and run A+B, 5 more enter B alone (a jump to 0x1008)
+    blocks = {0: (0x1000, (nop, nop)), 1: (0x1008, (nop, branch))}
+    prof = cycles.Profile(blocks, {1: {0: 10, 1: 15}}, [], [], [], runs=1)
+    assert prof.cycles(_Pricer())[1] == 10 * (4 + 100) + 5 * 2
+
+
+def test_code_above_the_level_is_refused_not_priced(tmp_path):
+    model = TFLiteModel.load(zoo.build("conv2d_1x1"))
+    lib = export.export_aarch64(build.compile_tflite(model, "i8mm"), tmp_path / "i8mm.so")
+    with pytest.raises(cycles.CycleModelError, match="on neon failed"):
+        cycles.profile(lib, "neon", [(t.shape, t.dtype) for t in model.signature()[0]])
+
+
+def test_cores_are_checked_against_the_level():
+    assert cycles.core_for("dotprod") == "neoverse-n1"
+    assert cycles.core_for("neon", "cortex-a55") == "cortex-a55"
+    with pytest.raises(cycles.UnknownCore, match="runs ISA level dotprod at most"):
+        cycles.core_for("i8mm", "cortex-a76")
+    with pytest.raises(cycles.UnknownCore, match="unknown core 'cortex-a999'"):
+        cycles.core_for("neon", "cortex-a999")
+
+
+def test_cli_estimate_breaks_the_total_down_by_layer(capsys):
+    assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--isa", "neon"]) == 0
+    out = capsys.readouterr().out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("  tvm_armq_")]
+    total = next(ln.split() for ln in out.splitlines() if ln.strip().startswith("total"))
+    vm = next(ln.split() for ln in out.splitlines() if ln.strip().startswith("VM and"))
+    cyc = [float(r[-2].replace(",", "")) for r in rows]
+    layers = build.inspect(TFLiteModel.load(cli.BUNDLED_MODEL), "neon")
+    assert sum(int(r[3]) for r in rows) == len(layers), out  # every layer, once a run
+    assert all(c > 0 for c in cyc), out
+    assert all("_neon" in r[2] for r in rows), out  # each names its kernel, of this level
+    assert float(vm[-2].replace(",", "")) > 0, out
+    assert sum(cyc) + float(vm[-2].replace(",", "")) == pytest.approx(
+        float(total[-1].replace(",", "")), rel=1e-4)
+    assert "priced on the cortex-a72 model" in out
+
+
+def test_cli_estimate_refuses_a_core_below_the_level(capsys):
+    assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--isa", "i8mm",
+                     "--core", "cortex-a72"]) == cli.EXIT_USAGE
+    err = capsys.readouterr().err
+    assert "core cortex-a72 runs ISA level neon at most" in err and "\n" == err[-1]
+    assert err.count("\n") == 1

@@ -1,0 +1,92 @@
+"""Runs on the emulated device, under the blockcount plugin (tvm_armq/cycles.py).
+
+Only the standard library, numpy and the TVM runtime are importable here. It loads one
+library, gives it seeded random inputs, runs it once to warm up (code translated, memory
+touched), then tells the plugin which region each later part of the run belongs to:
+
+    region 1      the measured runs, ``runs`` times the entry function
+    region 2 + i  with ``layers``: one more set of runs, each VM call of function i in
+                  its own region (names and call counts go to ``names_out``)
+
+and writes the guest's memory map to ``maps_out`` (qemu shows the guest's own there), so
+that the host can tell code of the library and runtime from the Python interpreter's.
+
+    python _guest_cycles.py SPEC.json
+"""
+
+import json
+import os
+import sys
+
+REGION_TAG = 0x41524D51 << 32  # blockcount.c: lseek(-1, REGION_TAG | region, SEEK_SET)
+
+
+def mark(region: int) -> None:
+    try:
+        os.lseek(-1, REGION_TAG | region, os.SEEK_SET)
+    except OSError:  # EBADF, always: the call exists to be seen by the plugin
+        pass
+
+
+def random_array(rng, shape, dtype):
+    import numpy as np
+
+    if np.issubdtype(np.dtype(dtype), np.integer):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, size=shape, endpoint=True).astype(dtype)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def main() -> None:
+    spec = json.load(open(sys.argv[1]))
+    import numpy as np
+    import tvm
+
+    dev = tvm.cpu()
+    rng = np.random.default_rng(spec.get("seed", 0))
+    lib = tvm.runtime.load_module(spec["lib"])
+    args = [tvm.runtime.tensor(random_array(rng, shape, dtype), dev)
+            for shape, dtype in spec["args"]]
+    runs, entry = spec["runs"], spec["entry"]
+    if spec["kind"] == "vm":
+        from tvm.runtime.vm import VirtualMachine
+
+        vm = VirtualMachine(lib, dev)
+        vm.set_input(entry, *args)
+        vm.invoke_stateful(entry)
+        mark(1)
+        for _ in range(runs):
+            vm.invoke_stateful(entry)
+        mark(0)
+        if spec.get("layers"):
+            names, calls, index = [], [], {}
+
+            def instrument(func, symbol, before_run, ret_value, *call_args):
+                if before_run:
+                    if symbol not in index:
+                        index[symbol] = len(names)
+                        names.append(symbol)
+                        calls.append(0)
+                    calls[index[symbol]] += 1
+                    mark(2 + index[symbol])
+                else:
+                    mark(0)
+                return 0  # VMInstrumentReturnKind.NO_OP: run the call as usual
+
+            vm.set_instrument(instrument)
+            for _ in range(runs):
+                vm.invoke_stateful(entry)
+            json.dump({"names": names, "calls": calls}, open(spec["names_out"], "w"))
+    else:  # one function of the library: a tuning candidate
+        func = lib[entry]
+        func(*args)
+        mark(1)
+        for _ in range(runs):
+            func(*args)
+        mark(0)
+    with open("/proc/self/maps") as src, open(spec["maps_out"], "w") as dst:
+        dst.write(src.read())
+
+
+if __name__ == "__main__":
+    main()

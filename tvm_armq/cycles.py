@@ -1,0 +1,405 @@
+"""Estimated cycles of aarch64 code on an Arm core's model: measuring without the board.
+
+Read this first. Wall time under qemu says how hard qemu works, not how fast a Cortex-A76
+runs the code. What qemu does know exactly is which code ran how often, and llvm-mca knows
+how many cycles a straight run of instructions takes on a core's scheduling model. So:
+
+1. ``profile`` runs a library on the level's emulated CPU (``qemu-aarch64 -cpu ...``, the
+   same CPU the device uses, so an instruction the level lacks still dies with SIGILL)
+   with the ``blockcount`` plugin (``blockcount.c``, built at provisioning). The guest
+   (``_guest_cycles.py``) marks regions: the measured runs, and optionally each VM call.
+   The plugin counts how often every translated block ran in each region and writes the
+   blocks' instruction bytes.
+2. ``Pricer`` decodes those bytes with llvm-mc (so ``sdot``, ``smmla``, ``bfmmla`` are
+   instructions, not data) and prices each block with llvm-mca on the chosen core: cycles
+   per execution in steady state (``Total Cycles`` of ``MCA_ITERATIONS`` back-to-back
+   executions, divided by that number), cached per core in ``$TVM_ARMQ_HOME/mca``.
+3. ``Profile.cycles`` sums count x cycles per region. qemu ends a block at a page end or
+   when its buffer is full, so one straight run of code can arrive as several blocks; such
+   a chain is priced as the one sequence it is for the executions that run through it.
+   Blocks covering the last ``1 - COVERAGE`` of executed instructions are charged the
+   average cycles per instruction of the rest.
+
+What the figure assumes: one core, every load an L1 hit, no branch mispredictions beyond
+what the model's steady state contains. It ranks implementations of the same work; it is
+not milliseconds. ``../shared/armperf`` is the project's independent yardstick for it.
+"""
+
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import dataclasses
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from . import device
+from .targets import LEVELS, UnknownIsaError
+
+# The core whose model prices a level's code by default: the core the level is named for.
+DEFAULT_CORE = {"neon": "cortex-a72", "dotprod": "neoverse-n1", "i8mm": "neoverse-n2"}
+# Cores a user may price with, and the highest ISA level each one runs (a core cannot
+# price code it could not execute: i8mm code on a Cortex-A76 is refused).
+CORES = {
+    "cortex-a53": "neon", "cortex-a55": "dotprod", "cortex-a57": "neon",
+    "cortex-a72": "neon", "cortex-a73": "neon", "cortex-a75": "dotprod",
+    "cortex-a76": "dotprod", "cortex-a77": "dotprod", "cortex-a78": "dotprod",
+    "cortex-x1": "dotprod", "cortex-a510": "i8mm", "cortex-a710": "i8mm",
+    "cortex-x2": "i8mm", "neoverse-n1": "dotprod", "neoverse-n2": "i8mm",
+    "neoverse-v1": "i8mm", "neoverse-v2": "i8mm",
+}
+MCA_ITERATIONS = 200
+COVERAGE = 0.998  # share of executed instructions priced block by block
+# Decoding and pricing accept every instruction of the richest level: only code the
+# emulated CPU ran reaches them, and that CPU already refused what its level lacks.
+MC_ATTR = "+v8.6a,+dotprod,+i8mm,+bf16,+fullfp16"
+REGION_TAG = 0x41524D51 << 32  # also in blockcount.c and _guest_cycles.py
+MEASURED = 1  # the region of the measured runs; 2 + i: the i-th function with layers=True
+TOOLS = {"llvm-mc": "llvm-19", "llvm-mca": "llvm-19", "gcc": "gcc",
+         "qemu-aarch64": "qemu-user"}  # command -> Debian package
+# Instructions after which qemu's block ends because the flow goes elsewhere: a block
+# ending in anything else ran on into the code that follows it.
+_ENDS_FLOW = re.compile(r"^(b|bl|br|blr|ret|b\.\w+|bc\.\w+|cbn?z|tbn?z|svc|hvc|smc|brk|hlt|"
+                        r"udf|eret\w*|reta\w*|bra\w*|blra\w*)$")
+PLUGIN_SOURCE = Path(__file__).with_name("blockcount.c")
+GUEST_SCRIPT = Path(__file__).with_name("_guest_cycles.py")
+
+
+class CycleModelError(device.DeviceError):
+    """The cycle model cannot run here (a tool is missing) or the counted run failed (a
+    SIGILL: code above the emulated level); the message says which."""
+
+
+class UnknownCore(UnknownIsaError):
+    """A core the cycle model does not know, or one that cannot run the level's code."""
+
+
+def core_for(level: str, core: str | None = None) -> str:
+    """The core model that prices ``level``'s code: ``core``, checked, or the default."""
+    if level not in LEVELS:
+        raise UnknownIsaError(f"unknown ISA level {level!r}: expected one of "
+                              f"{', '.join(LEVELS)}")
+    if core is None:
+        return DEFAULT_CORE[level]
+    if core not in CORES:
+        raise UnknownCore(f"unknown core {core!r}: expected one of {', '.join(CORES)}")
+    order = list(LEVELS)
+    if order.index(CORES[core]) < order.index(level):
+        raise UnknownCore(f"core {core} runs ISA level {CORES[core]} at most; it cannot "
+                          f"run {level} code (choose a {level} core, e.g. "
+                          f"{DEFAULT_CORE[level]})")
+    return core
+
+
+def tool(name: str) -> str:
+    """Path of an LLVM tool (the versioned Debian name first) or of gcc / qemu."""
+    for candidate in ([f"{name}-19", name] if name.startswith("llvm") else [name]):
+        if path := shutil.which(candidate):
+            return path
+    raise CycleModelError(f"{name} not found: install Debian's {TOOLS[name]} package "
+                          f"(`python -m tvm_armq device provision` as root does)")
+
+
+def plugin() -> Path:
+    """The built blockcount plugin, rebuilt when its source changes."""
+    digest = hashlib.sha1(PLUGIN_SOURCE.read_bytes()).hexdigest()[:12]
+    lib = device.home() / f"blockcount-{digest}.so"
+    if not lib.exists():
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        res = subprocess.run([tool("gcc"), "-shared", "-fPIC", "-O2", "-o", str(tmp),
+                              str(PLUGIN_SOURCE), "-lpthread"], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise CycleModelError(f"building the blockcount plugin failed:\n{res.stderr}")
+        tmp.replace(lib)  # atomic: a qemu already running keeps the file it mapped
+    return lib
+
+
+# ------------------------------------------------------------------------------ profile
+@dataclasses.dataclass
+class Profile:
+    """What one guest run executed: blocks (id -> (address, 32-bit instruction words)),
+    counts (region -> block id -> executions), the guest's code mappings (start, end,
+    file) and, with layers, the VM functions whose calls were regions 2, 3, ... and how
+    many calls of each one run made."""
+
+    blocks: dict
+    counts: dict
+    maps: list
+    names: list
+    calls: list
+    runs: int
+
+    def library_of(self, vaddr: int) -> str:
+        for lo, hi, path in self.maps:
+            if lo <= vaddr < hi:
+                return path
+        return "?"
+
+    def cycles(self, pricer: "Pricer", keep=None) -> dict:
+        """Estimated cycles per run of each region (``keep(library path)`` chooses the
+        blocks counted: all by default)."""
+        ids = {b for per in self.counts.values() for b in per}
+        if keep is not None:
+            ids = {b for b in ids if keep(self.library_of(self.blocks[b][0]))}
+        decoded = pricer.decode({w for b in ids for w in self.blocks[b][1]})
+        insns = {b: tuple(decoded[w] for w in self.blocks[b][1]) for b in ids}
+        executed = collections.Counter()
+        for per in self.counts.values():
+            for b, c in per.items():
+                if b in ids:
+                    executed[b] += c * len(insns[b])
+        total = sum(executed.values())
+        hot, covered = set(), 0
+        for b, n in executed.most_common():
+            if covered >= COVERAGE * total:
+                break
+            hot.add(b)
+            covered += n
+        runs = _straight_runs(hot, self.blocks, insns)
+        price = pricer.cycles({*runs.seq.values(), *(insns[b] for b in hot)})
+        out = {}
+        for region, per in self.counts.items():
+            out[region] = _region_cycles({b: c for b, c in per.items() if b in ids}, hot,
+                                         runs, insns, price) / self.runs
+        return out
+
+
+def _straight_runs(hot: set, blocks: dict, insns: dict) -> "_Runs":
+    """block -> the instructions that run when the flow enters that block: its own, and on
+    through the blocks it falls into. qemu cut such code in pieces (a page end, a full
+    buffer); each piece but the last ends without leaving the flow, exactly where the next
+    one starts. Only hot blocks are followed."""
+    at = {blocks[b][0]: b for b in hot}
+    nxt = {}
+    for b in hot:
+        last = insns[b][-1].split()[0] if insns[b] else "b"
+        nxt[b] = None if _ENDS_FLOW.match(last) else at.get(blocks[b][0] + 4 * len(insns[b]))
+    runs = {}
+    for b in hot:
+        seq, seen, x = insns[b], {b}, nxt[b]
+        while x is not None and x not in seen:
+            seq, x = seq + insns[x], nxt[x]
+            seen.add(x)
+        runs[b] = seq
+    return _Runs(nxt, runs)
+
+
+@dataclasses.dataclass
+class _Runs:
+    nxt: dict   # hot block -> the hot block it falls into, or None
+    seq: dict   # hot block -> instructions from it to the end of its straight run
+
+
+def _region_cycles(counts: dict, hot: set, runs: "_Runs", insns: dict, price: dict) -> float:
+    """Cycles of one region. A block's executions that did not arrive by falling out of
+    the block before it are entries: each runs the block's whole straight run, priced as
+    one sequence (or, where llvm-mca cannot read that, piece by piece)."""
+    arrived = collections.Counter()
+    for b in hot:
+        if runs.nxt[b] is not None:
+            arrived[runs.nxt[b]] += counts.get(b, 0)
+    cycles = instructions = 0.0
+    for b in hot:
+        entries = counts.get(b, 0) - arrived[b]
+        if entries <= 0:
+            continue
+        seq = runs.seq[b]
+        if price.get(seq) is None:
+            seq = insns[b]
+            entries = counts[b]
+        if price.get(seq) is not None:
+            cycles += entries * price[seq]
+            instructions += entries * len(seq)
+    executed = sum(c * len(insns[b]) for b, c in counts.items())
+    cpi = cycles / instructions if instructions else 0.5
+    return cycles + max(executed - instructions, 0) * cpi
+
+
+def profile(lib: Path, level: str, args, *, kind: str = "vm", entry: str = "main",
+            runs: int = 1, layers: bool = False, timeout: float = 3600.0) -> Profile:
+    """Run ``lib`` (a Relax VM library, or one function of a library with ``kind="func"``)
+    on ``level``'s emulated CPU under the plugin; ``args``: (shape, dtype) of each input."""
+    device.provision()  # idempotent, quick when done; builds the plugin
+    with tempfile.TemporaryDirectory(prefix="tvm_armq-cycles-") as tmp:
+        tmp = Path(tmp)
+        spec = {"lib": str(Path(lib).resolve()), "kind": kind, "entry": entry,
+                "args": [[list(map(int, s)), str(d)] for s, d in args], "runs": runs,
+                "layers": layers, "names_out": str(tmp / "names.json"),
+                "maps_out": str(tmp / "maps.txt")}
+        (tmp / "spec.json").write_text(json.dumps(spec))
+        out = tmp / "counts.txt"
+        cmd = [tool("qemu-aarch64"), "-cpu", LEVELS[level].qemu_cpu,
+               "-plugin", f"{plugin()},out={out}", str(device.guest_python()),
+               str(GUEST_SCRIPT), str(tmp / "spec.json")]
+        try:
+            res = subprocess.run(cmd, env=device.guest_env(level), capture_output=True,
+                                 text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CycleModelError(f"the counted run of {Path(lib).name} on {level} took "
+                                  f"more than {timeout:.0f} s") from None
+        if res.returncode != 0:
+            raise CycleModelError(f"the counted run of {Path(lib).name} on {level} failed "
+                                  f"(exit {res.returncode}):\n{res.stderr[-3000:]}")
+        blocks, counts = _read_counts(out)
+        called = (json.loads((tmp / "names.json").read_text()) if layers
+                  else {"names": [], "calls": []})
+        return Profile(blocks, counts, _read_maps(tmp / "maps.txt"), called["names"],
+                       [c // runs for c in called["calls"]], runs)
+
+
+def _read_counts(path: Path):
+    blocks, counts = {}, collections.defaultdict(collections.Counter)
+    for line in path.read_text().splitlines():
+        part = line.split()
+        if part[0] == "B":
+            raw = bytes.fromhex(part[3])
+            words = tuple(raw[i:i + 4] for i in range(0, len(raw) - len(raw) % 4, 4))
+            blocks[int(part[1])] = (int(part[2], 16), words)
+        elif part[0] == "C":
+            counts[int(part[1])][int(part[2])] += int(part[4])
+    # a block translated twice (same code, same address) is one block to price
+    first = {}
+    merged = collections.defaultdict(collections.Counter)
+    for region, per in counts.items():
+        for b, c in per.items():
+            merged[region][first.setdefault(blocks[b], b)] += c
+    return {b: blocks[b] for b in set(first.values())}, dict(merged)
+
+
+def _read_maps(path: Path) -> list:
+    spans = []
+    for line in path.read_text().splitlines():
+        part = line.split()
+        if len(part) >= 6 and "x" in part[1]:
+            lo, hi = (int(x, 16) for x in part[0].split("-"))
+            spans.append((lo, hi, part[5]))
+    return spans
+
+
+# ------------------------------------------------------------------------------ pricing
+class Pricer:
+    """Decodes instruction words with llvm-mc and prices instruction sequences with
+    llvm-mca on one core's model; both answers are cached on disk per core."""
+
+    BATCH = 64  # sequences per llvm-mca process (each its own code region)
+
+    def __init__(self, core: str):
+        self.core = core
+        self.dir = device.home() / "mca"
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.path = self.dir / f"{core}.json"
+        self.cache = json.loads(self.path.read_text()) if self.path.exists() else {}
+        self.words_path = self.dir / "decoded.json"
+        self.words = json.loads(self.words_path.read_text()) if self.words_path.exists() else {}
+
+    def decode(self, words: set) -> dict:
+        """word (4 bytes) -> instruction text ("sdot v0.4s, v1.16b, v2.16b")."""
+        todo = sorted(w.hex() for w in words if w.hex() not in self.words)
+        if todo:
+            src = "".join(" ".join(f"0x{w[i:i + 2]}" for i in range(0, 8, 2)) + "\n"
+                          for w in todo)
+            res = subprocess.run([tool("llvm-mc"), "--disassemble", "-triple=aarch64",
+                                  f"-mattr={MC_ATTR}"], input=src, capture_output=True,
+                                 text=True)
+            bad = {int(m.group(1)) - 1
+                   for m in re.finditer(r"<stdin>:(\d+):\d+: warning: invalid", res.stderr)}
+            lines = [ln.strip() for ln in res.stdout.splitlines()
+                     if ln.strip() and not ln.strip().startswith(".")]
+            good = [w for i, w in enumerate(todo) if i not in bad]
+            if len(lines) != len(good):
+                raise CycleModelError(f"llvm-mc decoded {len(lines)} of {len(good)} "
+                                      f"instruction words:\n{res.stderr[-1000:]}")
+            for w, text in zip(good, lines):
+                self.words[w] = re.sub(r"\s*//.*$", "", text).replace("\t", " ")
+            for i in bad:  # not an instruction (data in code): priced as a nop
+                self.words[todo[i]] = "nop"
+            _write_json(self.words_path, self.words)
+        return {w: self.words[w.hex()] for w in words}
+
+    def _key(self, seq: tuple) -> str:
+        return hashlib.sha1("\n".join(seq).encode()).hexdigest()
+
+    def cycles(self, sequences) -> dict:
+        """sequence (tuple of instruction texts) -> cycles per execution, or None where
+        llvm-mca cannot read it."""
+        todo = [s for s in set(sequences) if self._key(s) not in self.cache]
+        batches = [todo[i:i + self.BATCH] for i in range(0, len(todo), self.BATCH)]
+        with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            for batch, got in zip(batches, pool.map(self._mca, batches)):
+                for s, c in zip(batch, got):
+                    self.cache[self._key(s)] = c
+        if todo:
+            _write_json(self.path, self.cache)
+        return {s: self.cache[self._key(s)] for s in sequences}
+
+    def _mca(self, batch: list) -> list:
+        src = []
+        for i, seq in enumerate(batch):
+            src += [f"# LLVM-MCA-BEGIN s{i}", *seq, f"# LLVM-MCA-END s{i}"]
+        res = subprocess.run([tool("llvm-mca"), "-mtriple=aarch64", f"-mcpu={self.core}",
+                              f"-mattr={MC_ATTR}", f"-iterations={MCA_ITERATIONS}",
+                              "-all-views=false", "-summary-view"],
+                             input="\n".join(src) + "\n", capture_output=True, text=True)
+        if res.returncode != 0:
+            if len(batch) == 1:
+                return [None]
+            return [c for s in batch for c in self._mca([s])]  # find the unreadable one
+        found = [int(m.group(1)) / MCA_ITERATIONS
+                 for m in re.finditer(r"Total Cycles:\s+(\d+)", res.stdout)]
+        if len(found) != len(batch):
+            raise CycleModelError(f"llvm-mca priced {len(found)} of {len(batch)} blocks")
+        return found
+
+
+def _write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data))
+    tmp.replace(path)
+
+
+# ------------------------------------------------------------------------------ estimate
+def is_layer_code(path: str) -> bool:
+    """Code a layer's own work runs in: the model's library and the C library (memcpy,
+    memset). In a layer's region the rest (the interpreter, TVM's FFI and runtime) is the
+    per-call instrumentation and the VM's call: counted in the total, not in the layer."""
+    name = Path(path).name
+    return not (name.startswith(("python3", "libtvm", "libstdc++")) or ".cpython-" in name
+                or "/lib-dynload/" in path)
+
+
+@dataclasses.dataclass
+class LayerCycles:
+    function: str    # the VM function called (a PrimFunc's name, or a VM builtin)
+    calls: int       # calls per run
+    cycles: float    # estimated cycles per run, all its calls
+
+
+@dataclasses.dataclass
+class Estimate:
+    level: str
+    core: str
+    total: float     # estimated cycles of one run of the model
+    layers: list     # LayerCycles, in the order of their first call
+
+
+def estimate(lib: Path, level: str, args, core: str | None = None, runs: int = 1,
+             layers: bool = True) -> Estimate:
+    """Estimated cycles of one run of a Relax VM library on ``core``'s model (default: the
+    level's core), and with ``layers`` of each VM function it calls."""
+    core = core_for(level, core)
+    prof = profile(lib, level, args, runs=runs, layers=layers)
+    pricer = Pricer(core)
+    total = prof.cycles(pricer)[MEASURED] if MEASURED in prof.counts else 0.0
+    rows = []
+    if layers:
+        per = prof.cycles(pricer, keep=is_layer_code)
+        rows = [LayerCycles(name, calls, per.get(2 + i, 0.0))
+                for i, (name, calls) in enumerate(zip(prof.names, prof.calls))]
+    return Estimate(level, core, total, rows)
