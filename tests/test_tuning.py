@@ -370,3 +370,50 @@ def test_tuning_a_layer_with_a_row_tail(tmp_path, devices, report):
     np.testing.assert_array_equal(got, expected)
     report(f"tuned conv2d_gemm {kernel.name:28s} {level:8s} 7x7 pointwise with a row tail: "
            f"{trials} trials, best bit-exact")
+
+
+# ------------------------------------------------------------------ measured in cycles
+CYCLES_LEVEL = "dotprod"
+
+
+@pytest.mark.device
+def test_tuning_in_cycles_records_them_and_stays_exact(tmp_path, zoo_model, devices):
+    """``measure="cycles"``: every trial is a cycle estimate on the level's core model (no
+    device, no tracker), the summary says so, a resumed run that would mix in times is
+    refused, and the model compiled with the database equals TFLite on the device."""
+    path = zoo_model(MODEL)
+    work = tmp_path / "cycles"
+    (task,) = tuning.tasks_of_model(path, CYCLES_LEVEL)
+    summary = tuning.tune([task], CYCLES_LEVEL, work_dir=work, trials=2, batch=2,
+                          progress=False, seed=0, measure="cycles")
+    (result,) = summary.tasks
+    assert (result.trials, result.failed) == (2, 0), result.errors
+    assert summary.measured == tuning.read_summary(work).measured == "cycles:neoverse-n1"
+    costs = [float(r.run_secs[0]) * 1e6 * tuning.CYCLES_PER_US
+             for r in tuning.load_database(work).get_all_tuning_records()]
+    assert len(costs) == 2 and all(1e3 < c < 1e7 for c in costs), costs  # cycles, a layer
+    assert "best cycles" in summary.table()
+    with pytest.raises(tuning.TuningError, match="measured as cycles:neoverse-n1"):
+        tuning.tune([task], CYCLES_LEVEL, work_dir=work, trials=1, progress=False)
+
+    model = TFLiteModel.load(path)
+    report: list = []
+    lib = export.export_aarch64(
+        build.compile_tflite(model, CYCLES_LEVEL, tuning_database=work, report=report),
+        tmp_path / "tuned.so")
+    assert any(getattr(r, "tuned", False) for r in report), report
+    dm = build.DeviceModel(devices.session(CYCLES_LEVEL), lib)
+    x = model.random_inputs(seed=3)
+    (want,) = model.reference_outputs(x)
+    assert len(np.unique(want)) > 4
+    np.testing.assert_array_equal(dm(x)[0], want)
+
+
+def test_cli_tune_cycles_takes_no_tracker(tmp_path, zoo_model):
+    res = tvm_armq("tune", zoo_model(MODEL), "--isa", "neon", "--measure", "cycles",
+                   "--rpc-tracker", "127.0.0.1:9", "--key", "k", "--work-dir", str(tmp_path))
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert "--measure cycles estimates cycles on the emulated CPU" in res.stderr
+    res = tvm_armq("tune", zoo_model(MODEL), "--isa", "i8mm", "--measure", "cycles",
+                   "--core", "cortex-a76", "--work-dir", str(tmp_path))
+    assert res.returncode == 2 and "cortex-a76 runs ISA level dotprod at most" in res.stderr

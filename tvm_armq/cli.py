@@ -8,7 +8,7 @@ tune them; manage the emulated device.
     tvm-armq diff MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]] [--stock]
     tvm-armq device provision|start|stop|status [--isa LEVEL ...]
     tvm-armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
-                  [--rpc-tracker HOST:PORT --key KEY]
+                  [--measure time|cycles [--core CORE]] [--rpc-tracker HOST:PORT --key KEY]
     tvm-armq estimate MODEL.tflite --isa i8mm [--core CORE] [--tuning DIR]
 
 Every failure ends as one line, ``tvm-armq: error: <what, where, what to do>``, and an
@@ -201,6 +201,13 @@ def cmd_compile(a) -> int:
                                precision=a.precision, report=report, strict=a.strict)
     lib = export.export_aarch64(exe, out)
     print(f"wrote {lib} (aarch64, ISA level {a.isa})\n{_kernel_summary(report)}")
+    if _tuning_dir(a):
+        from . import tuning
+
+        measured = tuning.read_summary(a.tuning).measured
+        print(f"tuned schedules from {a.tuning}, measured as {measured}"
+              + (" (qemu's wall time: it ranks qemu's work, not a core's)"
+                 if measured == "qemu-time" else ""))
     return 0
 
 
@@ -455,6 +462,15 @@ def cmd_tune(a) -> int:
         raise UsageError("--rpc-tracker needs --key (the key the board registered under)")
     elif a.key:
         raise UsageError("--key names a device at an RPC tracker: give --rpc-tracker too")
+    if a.measure == "cycles" and tracker:
+        raise UsageError("--measure cycles estimates cycles on the emulated CPU: it takes no "
+                         "--rpc-tracker (time a real board with --measure time)")
+    if a.core and a.measure != "cycles":
+        raise UsageError("--core chooses the core model of --measure cycles")
+    if a.measure == "cycles":
+        from . import cycles
+
+        cycles.core_for(a.isa, a.core)  # a bad --core fails before any work
     if tracker:  # before the model is split into tasks: a dead tracker fails in seconds
         try:
             endpoint = device.Endpoint.parse(tracker)
@@ -471,7 +487,8 @@ def cmd_tune(a) -> int:
                           "choose another directory") from None
     tasks = tuning.tasks_of_model(model, a.isa)
     summary = tuning.tune(tasks, a.isa, work_dir=a.work_dir, trials=a.trials,
-                          tracker=tracker, level=a.isa, progress=not a.no_progress)
+                          tracker=tracker, level=a.isa, progress=not a.no_progress,
+                          measure=a.measure, core=a.core)
     print(summary.table())
     if summary.trials and summary.failed == summary.trials:
         errors = [e for t in summary.tasks for e in t.errors]
@@ -597,6 +614,13 @@ def parser() -> argparse.ArgumentParser:
                                          "(default: a tracker and the emulated --isa device, "
                                          "started for the run)")
     t.add_argument("--key", help="the boards' device key at --rpc-tracker")
+    t.add_argument("--measure", choices=["time", "cycles"], default="time",
+                   help="time: TVM's time_evaluator on the device (qemu's wall time on the "
+                        "emulated one, which does not rank code as a core does); cycles: "
+                        "estimated cycles on --core's model, no board needed")
+    t.add_argument("--core", help="with --measure cycles: the core model (default: the "
+                                  "level's: neon cortex-a72, dotprod neoverse-n1, i8mm "
+                                  "neoverse-n2)")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     _timeouts(t, session=False)
 

@@ -14,8 +14,11 @@ A run repeats, per task, rounds of ``batch`` candidates (``BATCH`` unless told):
                                     mutations the cost model (xgboost) ranks best
     LocalBuilder                    compiles each for the aarch64 target and links it with
                                     aarch64-linux-gnu-g++ into a .so a board can load
-    RPCRunner                       asks the RPC tracker for a device under KEY, uploads the
-                                    .so, times it (TVM's time_evaluator) and lets it go
+    RPCRunner                       measure="time": asks the RPC tracker for a device under
+                                    KEY, uploads the .so, times it (TVM's time_evaluator)
+    CycleRunner                     measure="cycles": runs the .so on the level's emulated
+                                    CPU under the block-counting plugin and records its
+                                    estimated cycles on a core's model (cycles.py)
     measure callbacks               record it in the JSON database, train the cost model,
                                     advance the progress bar, report failed trials
 
@@ -32,8 +35,9 @@ device is registered under KEY any more, every further trial fails at once inste
 waiting for one.
 
 Times measured on the emulated device are qemu's, not an Arm core's: they rank candidates
-by how much work qemu does, not by how fast a CPU runs them. Tune on a real board
-(``tracker="host:port:key"``) for schedules that are fast on that board.
+by how much work qemu does, not by how fast a CPU runs them. Without a board, tune with
+``measure="cycles"``; with one, time it (``tracker="host:port:key"``). The summary records
+which (``TuningSummary.measured``) and a run never mixes the two in one database.
 """
 
 from __future__ import annotations
@@ -216,6 +220,10 @@ class TuningSummary:
     work_dir: str
     seconds: float
     tasks: list
+    # what the trials were measured with: "qemu-time" (wall time on the emulated device,
+    # which ranks qemu's work), "board-time" (a real board's time_evaluator) or
+    # "cycles:<core>" (estimated cycles on that core's model, tvm_armq/cycles.py)
+    measured: str = "qemu-time"
 
     @property
     def trials(self) -> int:
@@ -237,14 +245,18 @@ class TuningSummary:
 
     def table(self) -> str:
         """Per task: trials, failures, best time and tiles (the CLI prints this)."""
-        rows = [f"{'task':40s} {'trials':>6s} {'failed':>6s} {'best us':>10s}  best tiles"]
+        cyc = self.measured.startswith("cycles:")
+        unit = "best cycles" if cyc else "best us"
+        rows = [f"{'task':40s} {'trials':>6s} {'failed':>6s} {unit:>11s}  best tiles"]
         for t in self.tasks:
-            best = f"{t.best_us:10.1f}" if t.best_us is not None else f"{'-':>10s}"
+            best = (f"{t.best_us * CYCLES_PER_US if cyc else t.best_us:11.0f}"
+                    if t.best_us is not None else f"{'-':>11s}")
             tiles = ", ".join(f"{k}={v}" for k, v in (t.best_tiles or {}).items()) or "-"
             rows.append(f"{t.name:40s} {t.trials:6d} {t.failed:6d} {best}  {tiles}")
             rows += [f"    failed: {e}" for e in t.errors]
         rows.append(f"{self.trials} trials ({self.failed} failed) in {self.seconds:.0f} s on "
-                    f"{self.device}; database in {self.work_dir}")
+                    f"{self.device}, measured as {self.measured}; database in "
+                    f"{self.work_dir}")
         return "\n".join(rows)
 
 
@@ -369,6 +381,62 @@ class BoundedRPCRunner(RPCRunner._cls):
         return futures
 
 
+# A cycle-measured trial is recorded as a time, as MetaSchedule's database wants one: its
+# estimated cycles at this clock (1 GHz: one cycle a nanosecond).
+CYCLES_PER_US = 1000.0
+
+
+@derived_object
+class _CycleFuture(ms.runner.PyRunnerFuture):
+    def __init__(self, future):
+        super().__init__()
+        self.future = future
+
+    def done(self) -> bool:
+        return self.future.done()
+
+    def result(self):
+        try:
+            cycles_per_call = self.future.result()
+        except Exception as e:  # noqa: BLE001 - a failed trial, reported as such
+            return ms.runner.RunnerResult(None, _short(str(e)))
+        return ms.runner.RunnerResult([cycles_per_call / CYCLES_PER_US / 1e6], None)
+
+
+@derived_object
+class CycleRunner(ms.runner.PyRunner):
+    """Measures each candidate as its estimated cycles per call on ``core``'s model:
+    the candidate's library runs on ``level``'s emulated CPU under the block-counting
+    plugin and llvm-mca prices what ran (``cycles.py``). No RPC device is involved; the
+    trials of a round run side by side, one qemu per host core."""
+
+    def __init__(self, level: str, core: str, on_trial_done=None, runs: int = 1):
+        super().__init__()
+        import concurrent.futures
+
+        from . import cycles
+
+        self.level, self.runs, self.on_trial_done = level, runs, on_trial_done
+        self.pricer = cycles.Pricer(core)
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+
+    def _measure(self, runner_input) -> float:
+        from . import cycles
+
+        try:
+            args = [(tuple(int(d) for d in a.shape), str(a.dtype))
+                    for a in runner_input.args_info]
+            prof = cycles.profile(runner_input.artifact_path, self.level, args, kind="func",
+                                  entry="main", runs=self.runs, timeout=TRIAL_TIMEOUT_S)
+            return prof.cycles(self.pricer)[cycles.MEASURED]
+        finally:
+            if self.on_trial_done is not None:
+                self.on_trial_done()
+
+    def run(self, runner_inputs):
+        return [_CycleFuture(self.pool.submit(self._measure, r)) for r in runner_inputs]
+
+
 def _runner(endpoint: Endpoint, on_trial_done=None):
     config = ms.runner.RPCConfig(tracker_host=endpoint.host, tracker_port=endpoint.port,
                                  tracker_key=endpoint.key, session_timeout_sec=TRIAL_TIMEOUT_S)
@@ -446,6 +514,19 @@ class ProgressCallback(PyMeasureCallback):
 
 
 # ------------------------------------------------------------------ the device
+MEASURES = ("time", "cycles")
+
+
+@contextlib.contextmanager
+def _measurer(measure: str, tracker, level, target, work: Path):
+    """What measures the trials: (endpoint or None, a description for the summary)."""
+    if measure == "cycles":
+        yield None, f"the emulated {_level_of(target, level)} CPU, cycles estimated"
+        return
+    with _device(tracker, level, target, work) as found:
+        yield found
+
+
 @contextlib.contextmanager
 def _device(tracker, level: str | None, target, work: Path):
     """The endpoint (tracker host, port, key) trials are measured on; with no ``tracker``,
@@ -564,12 +645,15 @@ def _log_to(path: Path):
 # ------------------------------------------------------------------ tune
 def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | None = None,
          progress: bool = True, parallel: bool = True, seed: int | None = None,
-         batch: int = BATCH) -> TuningSummary:
+         batch: int = BATCH, measure: str = "time", core: str | None = None) -> TuningSummary:
     """Tune ``tasks`` (``Task`` or (name, func, plan) tuples) for ``target``.
 
-    ``trials`` candidates are measured per task, on the device under ``tracker``
-    (``Endpoint`` or "host:port:key"); without one, on the emulated device of ``level``
-    (default: ``target`` when it names a level), started and stopped here. The database
+    ``trials`` candidates are measured per task. With ``measure="time"``, timed on the
+    device under ``tracker`` (``Endpoint`` or "host:port:key"); without one, on the
+    emulated device of ``level`` (default: ``target`` when it names a level), started and
+    stopped here. With ``measure="cycles"``, as estimated cycles on ``core``'s model
+    (default: the level's core) of a run on the level's emulated CPU (``CycleRunner``;
+    no device, no tracker). The database
     in ``work_dir`` is created or extended (records of earlier runs seed the search).
     ``parallel`` is how the kernels will run (it follows the deployment, it is not a
     knob); ``batch`` candidates of a task are built and measured per round. Returns the
@@ -584,22 +668,41 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):
         raise TuningError(f"task names must be unique: {names}")
+    if measure not in MEASURES:
+        raise TuningError(f"measure {measure!r}: expected one of {', '.join(MEASURES)}")
+    if measure == "cycles" and tracker is not None:
+        raise TuningError("measure='cycles' estimates cycles on the emulated CPU: it takes "
+                          "no RPC tracker (a real board is measured with measure='time')")
+    if measure == "cycles":
+        from . import cycles
+
+        level = _level_of(target, level)
+        core = cycles.core_for(level, core)
+        measured = f"cycles:{core}"
+    else:
+        measured = "board-time" if tracker is not None else "qemu-time"
     tgt = targets.resolve(target)
     work = Path(work_dir)
     work.mkdir(parents=True, exist_ok=True)
     if any((work / f).exists() for f in DATABASE_FILES + (SUMMARY_FILE,)):
         database = load_database(work)  # resume: only a database of ours
+        earlier = read_summary(work).measured
+        if earlier != measured:
+            raise TuningError(f"{work} holds trials measured as {earlier}; this run would "
+                              f"add trials measured as {measured}, which do not compare: "
+                              "use another --work-dir")
     else:
         _register_ops()
         database = ms.database.JSONDatabase(work_dir=str(work), module_equality="structural")
         # the directory is marked as ours from the start, so an interrupted run resumes
         _write_summary(TuningSummary(str(tgt), "", str(work), 0.0,
-                                     [TaskSummary(t.name, t.kernel.name) for t in tasks]))
+                                     [TaskSummary(t.name, t.kernel.name) for t in tasks],
+                                     measured))
 
     from tqdm import tqdm
 
     with _log_to(work / LOG_FILE) as logger, \
-            _device(tracker, level, target, work) as (endpoint, where), \
+            _measurer(measure, tracker, level, target, work) as (endpoint, where), \
             tqdm(total=trials * len(tasks), unit="trial", desc="tuning", file=sys.stderr,
                  disable=not progress, dynamic_ncols=True, miniters=1) as bar:
         seeds = fork_seed(seed, n=len(tasks))
@@ -618,7 +721,9 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
         ms.tune_tasks(
             tasks=contexts, task_weights=[1.0] * len(tasks), work_dir=str(work),
             max_trials_global=trials * len(tasks), max_trials_per_task=trials,
-            num_trials_per_iter=batch, builder=_builder(), runner=_runner(endpoint, bar.advance),
+            num_trials_per_iter=batch, builder=_builder(),
+            runner=(CycleRunner(level, core, bar.advance) if measure == "cycles"
+                    else _runner(endpoint, bar.advance)),
             database=database,
             cost_model=ms.cost_model.XGBModel(num_warmup_samples=batch,
                                               num_tuning_cores=os.cpu_count()),
@@ -635,7 +740,8 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
             s.best_us = float(np.mean([float(x) for x in record.run_secs])) * 1e6
             s.best_tiles = _tiles(record.trace)
         summaries.append(s)
-    summary = TuningSummary(str(tgt), where, str(work), time.monotonic() - started, summaries)
+    summary = TuningSummary(str(tgt), where, str(work), time.monotonic() - started, summaries,
+                            measured)
     _write_summary(summary)
     return summary
 
