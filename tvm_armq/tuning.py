@@ -307,6 +307,18 @@ def _init_worker() -> None:
     from .intrinsics import qmuls  # noqa: F401 - registers on import
 
 
+def _build_candidate(mod, target, _params):
+    """LocalBuilder's build step: stock ``default_build`` without its ``import
+    tvm.s_tir.tensor_intrin``, which registers every TensorIntrin TVM ships (CUDA, x86,
+    Hexagon, ...) and took 14 s in each fresh worker, i.e. most of a candidate's build time.
+    A candidate arrives tensorized already: nothing here looks an intrinsic up."""
+    import tvm
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm.compile(mod, target=target)
+
+
 def _export_aarch64_so(rt_mod) -> str:
     """LocalBuilder's export step: the built module as an aarch64 shared library."""
     from tvm.support import cc
@@ -449,8 +461,8 @@ def _runner(endpoint: Endpoint, on_trial_done=None):
 
 def _builder():
     return ms.builder.LocalBuilder(max_workers=os.cpu_count() or 1,
-                                   timeout_sec=BUILD_TIMEOUT_S, f_export=_export_aarch64_so,
-                                   initializer=_init_worker)
+                                   timeout_sec=BUILD_TIMEOUT_S, f_build=_build_candidate,
+                                   f_export=_export_aarch64_so, initializer=_init_worker)
 
 
 # ------------------------------------------------------------------ progress
