@@ -417,3 +417,29 @@ def test_cli_tune_cycles_takes_no_tracker(tmp_path, zoo_model):
     res = tvm_armq("tune", zoo_model(MODEL), "--isa", "i8mm", "--measure", "cycles",
                    "--core", "cortex-a76", "--work-dir", str(tmp_path))
     assert res.returncode == 2 and "cortex-a76 runs ISA level dotprod at most" in res.stderr
+
+
+def test_cycle_runner_fails_only_the_candidate_that_crashes(tmp_path, zoo_model):
+    """A round measured in one emulator run: a candidate with instructions the level lacks
+    (an i8mm GEMM on the neon CPU: SIGILL) fails alone; the others still get cycles."""
+    from tvm.s_tir import meta_schedule as ms
+
+    def candidate(level):
+        (task,) = tuning.tasks_of_model(zoo_model(OTHER_MODEL), level)
+        tgt = targets.resolve(level)
+        ctx = ms.TuneContext(mod=tuning._workload(task.func), target=tgt, task_name=level,
+                             space_generator=tuning.design_space(task.plan, tgt))
+        (sch,) = ctx.generate_design_space()
+        built = tuning._build_candidate(sch.mod, tgt, None)
+        args = ms.arg_info.ArgInfo.from_prim_func(sch.mod["main"])
+        return ms.runner.RunnerInput(tuning._export_aarch64_so(built), "cpu", args)
+
+    good, bad = candidate("neon"), candidate("i8mm")
+    runner = tuning.CycleRunner("neon", "cortex-a72")
+    runner.workers = 1  # one job for the round: its run crashes, then each is redone
+    results = [f.result() for f in runner.run([good, bad, good])]
+    assert [r.error_msg is None for r in results] == [True, False, True], results
+    assert "on neon failed" in results[1].error_msg
+    # the same candidate twice: the same cycles, up to how qemu happened to cut the blocks
+    assert float(results[0].run_secs[0]) == pytest.approx(float(results[2].run_secs[0]),
+                                                          rel=1e-3)

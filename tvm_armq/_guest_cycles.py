@@ -1,12 +1,16 @@
 """Runs on the emulated device, under the blockcount plugin (tvm_armq/cycles.py).
 
-Only the standard library, numpy and the TVM runtime are importable here. It loads one
+Only the standard library, numpy and the TVM runtime are importable here. It loads a
 library, gives it seeded random inputs, runs it once to warm up (code translated, memory
-touched), then tells the plugin which region each later part of the run belongs to:
+touched), then tells the plugin which region each later part of the run belongs to. A
+Relax VM library (``kind="vm"``):
 
     region 1      the measured runs, ``runs`` times the entry function
     region 2 + i  with ``layers``: one more set of runs, each VM call of function i in
                   its own region (names and call counts go to ``names_out``)
+
+Functions (``kind="func"``, a round of tuning candidates: one emulator start for all):
+item i's ``runs`` calls are region 1 + i.
 
 and writes the guest's memory map to ``maps_out`` (qemu shows the guest's own there), so
 that the host can tell code of the library and runtime from the Python interpreter's.
@@ -44,11 +48,15 @@ def main() -> None:
 
     dev = tvm.cpu()
     rng = np.random.default_rng(spec.get("seed", 0))
-    lib = tvm.runtime.load_module(spec["lib"])
-    args = [tvm.runtime.tensor(random_array(rng, shape, dtype), dev)
-            for shape, dtype in spec["args"]]
-    runs, entry = spec["runs"], spec["entry"]
+    runs = spec["runs"]
+
+    def arguments(item):
+        return [tvm.runtime.tensor(random_array(rng, shape, dtype), dev)
+                for shape, dtype in item["args"]]
+
     if spec["kind"] == "vm":
+        (item,) = spec["items"]
+        lib, entry, args = tvm.runtime.load_module(item["lib"]), item["entry"], arguments(item)
         from tvm.runtime.vm import VirtualMachine
 
         vm = VirtualMachine(lib, dev)
@@ -77,13 +85,14 @@ def main() -> None:
             for _ in range(runs):
                 vm.invoke_stateful(entry)
             json.dump({"names": names, "calls": calls}, open(spec["names_out"], "w"))
-    else:  # one function of the library: a tuning candidate
-        func = lib[entry]
-        func(*args)
-        mark(1)
-        for _ in range(runs):
+    else:  # functions of libraries, item i in region 1 + i: a round of tuning candidates
+        for i, item in enumerate(spec["items"]):
+            func, args = tvm.runtime.load_module(item["lib"])[item["entry"]], arguments(item)
             func(*args)
-        mark(0)
+            mark(1 + i)
+            for _ in range(runs):
+                func(*args)
+            mark(0)
     with open("/proc/self/maps") as src, open(spec["maps_out"], "w") as dst:
         dst.write(src.read())
 

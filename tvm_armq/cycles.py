@@ -225,14 +225,25 @@ def _region_cycles(counts: dict, hot: set, runs: "_Runs", insns: dict, price: di
 def profile(lib: Path, level: str, args, *, kind: str = "vm", entry: str = "main",
             runs: int = 1, layers: bool = False, timeout: float = 3600.0) -> Profile:
     """Run ``lib`` (a Relax VM library, or one function of a library with ``kind="func"``)
-    on ``level``'s emulated CPU under the plugin; ``args``: (shape, dtype) of each input."""
+    on ``level``'s emulated CPU under the plugin; ``args``: (shape, dtype) of each input.
+    Its measured runs are region ``MEASURED``."""
+    return profile_items([(lib, entry, args)], level, kind=kind, runs=runs, layers=layers,
+                         timeout=timeout)
+
+
+def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
+                  layers: bool = False, timeout: float = 3600.0) -> Profile:
+    """One emulator run for several (library, entry function, args): item i's measured
+    runs are region ``MEASURED + i`` (``kind="vm"`` takes one item)."""
     device.provision()  # idempotent, quick when done; builds the plugin
+    lib = items[0][0]
     with tempfile.TemporaryDirectory(prefix="tvm_armq-cycles-") as tmp:
         tmp = Path(tmp)
-        spec = {"lib": str(Path(lib).resolve()), "kind": kind, "entry": entry,
-                "args": [[list(map(int, s)), str(d)] for s, d in args], "runs": runs,
-                "layers": layers, "names_out": str(tmp / "names.json"),
-                "maps_out": str(tmp / "maps.txt")}
+        spec = {"kind": kind, "runs": runs, "layers": layers,
+                "items": [{"lib": str(Path(path).resolve()), "entry": entry,
+                           "args": [[list(map(int, s)), str(d)] for s, d in args]}
+                          for path, entry, args in items],
+                "names_out": str(tmp / "names.json"), "maps_out": str(tmp / "maps.txt")}
         (tmp / "spec.json").write_text(json.dumps(spec))
         out = tmp / "counts.txt"
         cmd = [tool("qemu-aarch64"), "-cpu", LEVELS[level].qemu_cpu,
@@ -245,7 +256,8 @@ def profile(lib: Path, level: str, args, *, kind: str = "vm", entry: str = "main
             raise CycleModelError(f"the counted run of {Path(lib).name} on {level} took "
                                   f"more than {timeout:.0f} s") from None
         if res.returncode != 0:
-            raise CycleModelError(f"the counted run of {Path(lib).name} on {level} failed "
+            what = Path(lib).name + (f" and {len(items) - 1} more" if len(items) > 1 else "")
+            raise CycleModelError(f"the counted run of {what} on {level} failed "
                                   f"(exit {res.returncode}):\n{res.stderr[-3000:]}")
         blocks, counts = _read_counts(out)
         called = (json.loads((tmp / "names.json").read_text()) if layers

@@ -400,16 +400,20 @@ CYCLES_PER_US = 1000.0
 
 @derived_object
 class _CycleFuture(ms.runner.PyRunnerFuture):
-    def __init__(self, future):
+    """Candidate ``index`` of a job that measures several (``CycleRunner._measure``)."""
+
+    def __init__(self, job, index: int):
         super().__init__()
-        self.future = future
+        self.job, self.index = job, index
 
     def done(self) -> bool:
-        return self.future.done()
+        return self.job.done()
 
     def result(self):
         try:
-            cycles_per_call = self.future.result()
+            cycles_per_call = self.job.result()[self.index]
+            if isinstance(cycles_per_call, Exception):
+                raise cycles_per_call
         except Exception as e:  # noqa: BLE001 - a failed trial, reported as such
             return ms.runner.RunnerResult(None, _short(str(e)))
         return ms.runner.RunnerResult([cycles_per_call / CYCLES_PER_US / 1e6], None)
@@ -417,10 +421,12 @@ class _CycleFuture(ms.runner.PyRunnerFuture):
 
 @derived_object
 class CycleRunner(ms.runner.PyRunner):
-    """Measures each candidate as its estimated cycles per call on ``core``'s model:
-    the candidate's library runs on ``level``'s emulated CPU under the block-counting
-    plugin and llvm-mca prices what ran (``cycles.py``). No RPC device is involved; the
-    trials of a round run side by side, one qemu per host core."""
+    """Measures each candidate as its estimated cycles per call on ``core``'s model: the
+    candidates' libraries run on ``level``'s emulated CPU under the block-counting plugin
+    and llvm-mca prices what ran (``cycles.py``). No RPC device is involved. A round's
+    candidates are measured in one emulator run per host core (starting the emulated
+    Python costs more than running a candidate); a run that crashes is redone one
+    candidate at a time, so that only the crashing one fails."""
 
     def __init__(self, level: str, core: str, on_trial_done=None, runs: int = 1):
         super().__init__()
@@ -430,23 +436,51 @@ class CycleRunner(ms.runner.PyRunner):
 
         self.level, self.runs, self.on_trial_done = level, runs, on_trial_done
         self.pricer = cycles.Pricer(core)
-        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 1)
+        self.workers = os.cpu_count() or 1
+        self.pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.workers)
 
-    def _measure(self, runner_input) -> float:
+    def _measure(self, runner_inputs) -> list:
+        """Cycles per call of each input, or the exception that stopped its run."""
+        from . import cycles
+
+        items = [(r.artifact_path, "main",
+                  [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in r.args_info])
+                 for r in runner_inputs]
+        try:
+            try:
+                prof = cycles.profile_items(items, self.level, runs=self.runs,
+                                            timeout=TRIAL_TIMEOUT_S * len(items))
+                per = prof.cycles(self.pricer)
+                return [per[cycles.MEASURED + i] for i in range(len(items))]
+            except cycles.CycleModelError:
+                if len(items) == 1:
+                    raise
+                return [self._one(item) for item in items]
+        except Exception as e:  # noqa: BLE001 - every candidate of the job failed with it
+            return [e] * len(items)
+        finally:
+            if self.on_trial_done is not None:
+                for _ in items:
+                    self.on_trial_done()
+
+    def _one(self, item):
         from . import cycles
 
         try:
-            args = [(tuple(int(d) for d in a.shape), str(a.dtype))
-                    for a in runner_input.args_info]
-            prof = cycles.profile(runner_input.artifact_path, self.level, args, kind="func",
-                                  entry="main", runs=self.runs, timeout=TRIAL_TIMEOUT_S)
+            prof = cycles.profile_items([item], self.level, runs=self.runs,
+                                        timeout=TRIAL_TIMEOUT_S)
             return prof.cycles(self.pricer)[cycles.MEASURED]
-        finally:
-            if self.on_trial_done is not None:
-                self.on_trial_done()
+        except Exception as e:  # noqa: BLE001 - this candidate's failure
+            return e
 
     def run(self, runner_inputs):
-        return [_CycleFuture(self.pool.submit(self._measure, r)) for r in runner_inputs]
+        chunk = -(-len(runner_inputs) // self.workers)  # ceil: one job per host core
+        futures = []
+        for start in range(0, len(runner_inputs), chunk):
+            part = runner_inputs[start:start + chunk]
+            job = self.pool.submit(self._measure, part)
+            futures += [_CycleFuture(job, i) for i in range(len(part))]
+        return futures
 
 
 def _runner(endpoint: Endpoint, on_trial_done=None):
