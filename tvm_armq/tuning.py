@@ -474,6 +474,8 @@ class CycleRunner(ms.runner.PyRunner):
             return e
 
     def run(self, runner_inputs):
+        if not runner_inputs:  # a task whose design space is used up sends none
+            return []
         chunk = -(-len(runner_inputs) // self.workers)  # ceil: one job per host core
         futures = []
         for start in range(0, len(runner_inputs), chunk):
