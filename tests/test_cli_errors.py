@@ -444,6 +444,27 @@ def test_ctrl_c_is_one_line_and_130(models, hung_port):
     error_of(res, 130, "tvm-armq: error: interrupted")
 
 
+_STUCK_MAIN_THREAD = """
+import signal, time
+from tvm_armq import cli
+cli.CTRL_C_GRACE = 1.0
+cli._end_on_ctrl_c_even_if_blocked()
+# Python's own Ctrl-C path does nothing here, as when the main thread is stuck in C++
+signal.signal(signal.SIGINT, lambda *_: None)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_ctrl_c_ends_the_command_even_if_its_main_thread_is_stuck():
+    proc = subprocess.Popen([sys.executable, "-c", _STUCK_MAIN_THREAD], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=STARTUP_SLACK)
+    assert (proc.returncode, err) == (130, "tvm-armq: error: interrupted\n"), (out, err)
+
+
 # ------------------------------------------------------------------ device stop
 def _record(run_dir: Path, proc: subprocess.Popen, started: float) -> Path:
     dev = device.Device("neon", device.Endpoint("127.0.0.1", 1), proc.pid,

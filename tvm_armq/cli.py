@@ -42,6 +42,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import traceback
 from pathlib import Path
 
@@ -63,6 +64,8 @@ class OutputsDiffer(Exception):
 class AllTrialsFailed(Exception):
     """``tune``: not one trial was measured."""
 
+
+_reported = threading.Event()  # main's error boundary has printed the error line
 
 # An error line longer than this is cut (a device's log tail is thousands of characters).
 MAX_ERROR_CHARS = 2000
@@ -641,15 +644,45 @@ def main(argv: list[str] | None = None) -> int:
     status of its class (``EXIT_CODES``)."""
     p = parser()
     a = p.parse_args(argv)
+    if argv is None:  # the program itself, not a caller in Python
+        _end_on_ctrl_c_even_if_blocked()
     try:
         return a.func(a)
     except (Exception, KeyboardInterrupt) as e:  # noqa: BLE001 - the one error boundary
         if a.debug:
             traceback.print_exc()
         print(f"{PROG}: error: {error_line(e)}", file=sys.stderr, flush=True)
+        _reported.set()
         code = exit_code(e)
         _exit_if_a_call_is_stuck(code)
         return code
+
+
+CTRL_C_GRACE = 10.0  # s the ordinary path gets to report a Ctrl-C and clean up
+
+
+def _end_on_ctrl_c_even_if_blocked() -> None:
+    """A Ctrl-C normally ends the command through ``main``'s error boundary (the main thread
+    raises KeyboardInterrupt). Should the main thread be stuck where Python cannot run
+    its handler (seen rarely on a loaded host, with a TVM RPC call blocked in C++), a
+    watcher thread, woken by the signal itself (``signal.set_wakeup_fd``), ends the
+    process after ``CTRL_C_GRACE`` s with the same line and status."""
+    import signal
+    import time
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+
+    def watch():
+        while signal.SIGINT not in os.read(read_end, 64):
+            pass
+        time.sleep(CTRL_C_GRACE)
+        if not _reported.is_set():
+            os.write(2, f"{PROG}: error: interrupted\n".encode())
+        os._exit(EXIT_INTERRUPTED)
+
+    threading.Thread(target=watch, name="tvm_armq-ctrl-c", daemon=True).start()
 
 
 def _exit_if_a_call_is_stuck(code: int) -> None:
@@ -657,8 +690,6 @@ def _exit_if_a_call_is_stuck(code: int) -> None:
     timeout while it waits, ``device.call_with_timeout``): the interpreter's normal shutdown
     can wait on TVM's runtime, which that call holds, and the command would hang after
     printing its error. Our own output is flushed first; nothing else is left to do."""
-    import threading
-
     from .device import RPC_CALL_THREAD
 
     if any(t.name == RPC_CALL_THREAD and t.is_alive() for t in threading.enumerate()):
