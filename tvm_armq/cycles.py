@@ -112,7 +112,9 @@ def plugin() -> Path:
     lib = device.home() / f"blockcount-{digest}.so"
     if not lib.exists():
         lib.parent.mkdir(parents=True, exist_ok=True)
-        tmp = lib.with_suffix(f".{os.getpid()}.tmp")
+        fd, name = tempfile.mkstemp(dir=lib.parent, prefix=lib.name, suffix=".tmp")
+        os.close(fd)
+        tmp = Path(name)  # a name of its own: two threads may build it at once
         res = subprocess.run([tool("gcc"), "-shared", "-fPIC", "-O2", "-o", str(tmp),
                               str(PLUGIN_SOURCE), "-lpthread"], capture_output=True, text=True)
         if res.returncode != 0:
@@ -303,6 +305,9 @@ class Pricer:
     BATCH = 64  # sequences per llvm-mca process (each its own code region)
 
     def __init__(self, core: str):
+        import threading
+
+        self.lock = threading.Lock()  # one Pricer serves a tuning round's threads
         self.core = core
         self.dir = device.home() / "mca"
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -313,6 +318,10 @@ class Pricer:
 
     def decode(self, words: set) -> dict:
         """word (4 bytes) -> instruction text ("sdot v0.4s, v1.16b, v2.16b")."""
+        with self.lock:
+            return self._decode(words)
+
+    def _decode(self, words: set) -> dict:
         todo = sorted(w.hex() for w in words if w.hex() not in self.words)
         if todo:
             src = "".join(" ".join(f"0x{w[i:i + 2]}" for i in range(0, 8, 2)) + "\n"
@@ -341,6 +350,10 @@ class Pricer:
     def cycles(self, sequences) -> dict:
         """sequence (tuple of instruction texts) -> cycles per execution, or None where
         llvm-mca cannot read it."""
+        with self.lock:
+            return self._cycles(sequences)
+
+    def _cycles(self, sequences) -> dict:
         todo = [s for s in set(sequences) if self._key(s) not in self.cache]
         batches = [todo[i:i + self.BATCH] for i in range(0, len(todo), self.BATCH)]
         with concurrent.futures.ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
@@ -371,9 +384,12 @@ class Pricer:
 
 
 def _write_json(path: Path, data) -> None:
-    tmp = path.with_suffix(f".{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data))
-    tmp.replace(path)
+    """Written whole under a name of its own, then renamed: readers never see half a file,
+    and writers (processes, threads) never share a temporary."""
+    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name,
+                                     suffix=".tmp", delete=False) as tmp:
+        tmp.write(json.dumps(data))
+    os.replace(tmp.name, path)
 
 
 # ------------------------------------------------------------------------------ estimate
