@@ -16,7 +16,8 @@ how many cycles a straight run of instructions takes on a core's scheduling mode
    executions, divided by that number), cached per core in ``$TVM_ARMQ_HOME/mca``.
 3. ``Profile.cycles`` sums count x cycles per region. qemu ends a block at a page end or
    when its buffer is full, so one straight run of code can arrive as several blocks; such
-   a chain is priced as the one sequence it is for the executions that run through it.
+   a chain is priced as the one sequence it is for the executions that run through it
+   from its first piece, as ``../shared/armperf`` does.
    Blocks covering the last ``1 - COVERAGE`` of executed instructions are charged the
    average cycles per instruction of the rest.
 
@@ -164,61 +165,57 @@ class Profile:
                 break
             hot.add(b)
             covered += n
-        runs = _straight_runs(hot, self.blocks, insns)
-        price = pricer.cycles({*runs.seq.values(), *(insns[b] for b in hot)})
+        chains = _chains(hot, self.blocks, insns)
+        price = pricer.cycles({*(sum((insns[b] for b in c), ()) for c in chains),
+                               *(insns[b] for b in hot)})
         out = {}
         for region, per in self.counts.items():
             out[region] = _region_cycles({b: c for b, c in per.items() if b in ids}, hot,
-                                         runs, insns, price) / self.runs
+                                         chains, insns, price) / self.runs
         return out
 
 
-def _straight_runs(hot: set, blocks: dict, insns: dict) -> "_Runs":
-    """block -> the instructions that run when the flow enters that block: its own, and on
-    through the blocks it falls into. qemu cut such code in pieces (a page end, a full
-    buffer); each piece but the last ends without leaving the flow, exactly where the next
-    one starts. Only hot blocks are followed."""
+def _chains(hot: set, blocks: dict, insns: dict) -> list:
+    """Hot blocks that are one straight run of code qemu cut in pieces (a page end, a full
+    buffer): each piece but the last ends without leaving the flow, exactly where the next
+    one starts. Each chain starts at a piece no other piece falls into; in address order."""
     at = {blocks[b][0]: b for b in hot}
     nxt = {}
     for b in hot:
         last = insns[b][-1].split()[0] if insns[b] else "b"
         nxt[b] = None if _ENDS_FLOW.match(last) else at.get(blocks[b][0] + 4 * len(insns[b]))
-    runs = {}
-    for b in hot:
-        seq, seen, x = insns[b], {b}, nxt[b]
-        while x is not None and x not in seen:
-            seq, x = seq + insns[x], nxt[x]
-            seen.add(x)
-        runs[b] = seq
-    return _Runs(nxt, runs)
+    fallen_into = set(nxt.values())
+    chains = []
+    for head in sorted((b for b in hot if b not in fallen_into), key=lambda b: blocks[b][0]):
+        chain = [head]
+        while nxt[chain[-1]] is not None and nxt[chain[-1]] not in chain:
+            chain.append(nxt[chain[-1]])
+        if len(chain) > 1:
+            chains.append(chain)
+    return chains
 
 
-@dataclasses.dataclass
-class _Runs:
-    nxt: dict   # hot block -> the hot block it falls into, or None
-    seq: dict   # hot block -> instructions from it to the end of its straight run
-
-
-def _region_cycles(counts: dict, hot: set, runs: "_Runs", insns: dict, price: dict) -> float:
-    """Cycles of one region. A block's executions that did not arrive by falling out of
-    the block before it are entries: each runs the block's whole straight run, priced as
-    one sequence (or, where llvm-mca cannot read that, piece by piece)."""
-    arrived = collections.Counter()
-    for b in hot:
-        if runs.nxt[b] is not None:
-            arrived[runs.nxt[b]] += counts.get(b, 0)
+def _region_cycles(counts: dict, hot: set, chains: list, insns: dict, price: dict) -> float:
+    """Cycles of one region. The executions that run through a chain from its first piece
+    to its last (as many as its least executed piece has left) are priced as the one
+    sequence the chain is; every other execution of a piece, at the piece's own price.
+    (``../shared/armperf`` prices chains this way; pricing each entry's rest of the chain
+    whole instead would be kinder to loops whose head follows a page end, and would make
+    the yardstick and this model rank such code differently.)"""
+    left = {b: counts.get(b, 0) for b in hot}
     cycles = instructions = 0.0
+    for chain in chains:
+        whole = sum((insns[b] for b in chain), ())
+        through = min(left[b] for b in chain)
+        if through and price.get(whole) is not None:
+            cycles += through * price[whole]
+            instructions += through * len(whole)
+            for b in chain:
+                left[b] -= through
     for b in hot:
-        entries = counts.get(b, 0) - arrived[b]
-        if entries <= 0:
-            continue
-        seq = runs.seq[b]
-        if price.get(seq) is None:
-            seq = insns[b]
-            entries = counts[b]
-        if price.get(seq) is not None:
-            cycles += entries * price[seq]
-            instructions += entries * len(seq)
+        if left[b] and price.get(insns[b]) is not None:
+            cycles += left[b] * price[insns[b]]
+            instructions += left[b] * len(insns[b])
     executed = sum(c * len(insns[b]) for b, c in counts.items())
     cpi = cycles / instructions if instructions else 0.5
     return cycles + max(executed - instructions, 0) * cpi
