@@ -6,7 +6,7 @@ how many cycles a straight run of instructions takes on a core's scheduling mode
 
 1. ``profile`` runs a library on the level's emulated CPU (``qemu-aarch64 -cpu ...``, the
    same CPU the device uses, so an instruction the level lacks still dies with SIGILL)
-   with the ``blockcount`` plugin (``blockcount.c``, built at provisioning). The guest
+   with the ``blockcount`` plugin (``blockcount.c``, built by ``device.provision``). The guest
    (``_guest_cycles.py``) marks regions: the measured runs, and optionally each VM call.
    The plugin counts how often every translated block ran in each region and writes the
    blocks' instruction bytes.
@@ -68,7 +68,6 @@ TOOLS = {"llvm-mc": "llvm-19", "llvm-mca": "llvm-19", "gcc": "gcc",
 # ending in anything else ran on into the code that follows it.
 _ENDS_FLOW = re.compile(r"^(b|bl|br|blr|ret|b\.\w+|bc\.\w+|cbn?z|tbn?z|svc|hvc|smc|brk|hlt|"
                         r"udf|eret\w*|reta\w*|bra\w*|blra\w*)$")
-PLUGIN_SOURCE = Path(__file__).with_name("blockcount.c")
 GUEST_SCRIPT = Path(__file__).with_name("_guest_cycles.py")
 
 
@@ -105,23 +104,6 @@ def tool(name: str) -> str:
             return path
     raise CycleModelError(f"{name} not found: install Debian's {TOOLS[name]} package "
                           f"(`python -m tvm_armq device provision` as root does)")
-
-
-def plugin() -> Path:
-    """The built blockcount plugin, rebuilt when its source changes."""
-    digest = hashlib.sha1(PLUGIN_SOURCE.read_bytes()).hexdigest()[:12]
-    lib = device.home() / f"blockcount-{digest}.so"
-    if not lib.exists():
-        lib.parent.mkdir(parents=True, exist_ok=True)
-        fd, name = tempfile.mkstemp(dir=lib.parent, prefix=lib.name, suffix=".tmp")
-        os.close(fd)
-        tmp = Path(name)  # a name of its own: two threads may build it at once
-        res = subprocess.run([tool("gcc"), "-shared", "-fPIC", "-O2", "-o", str(tmp),
-                              str(PLUGIN_SOURCE), "-lpthread"], capture_output=True, text=True)
-        if res.returncode != 0:
-            raise CycleModelError(f"building the blockcount plugin failed:\n{res.stderr}")
-        tmp.replace(lib)  # atomic: a qemu already running keeps the file it mapped
-    return lib
 
 
 # ------------------------------------------------------------------------------ profile
@@ -234,7 +216,7 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
                   layers: bool = False, timeout: float = 3600.0) -> Profile:
     """One emulator run for several (library, entry function, args): item i's measured
     runs are region ``MEASURED + i`` (``kind="vm"`` takes one item)."""
-    device.provision()  # idempotent, quick when done; builds the plugin
+    device.provision()  # idempotent, quick when done; builds the plugin (blockcount.c)
     lib = items[0][0]
     with tempfile.TemporaryDirectory(prefix="tvm_armq-cycles-") as tmp:
         tmp = Path(tmp)
@@ -246,7 +228,7 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
         (tmp / "spec.json").write_text(json.dumps(spec))
         out = tmp / "counts.txt"
         cmd = [tool("qemu-aarch64"), "-cpu", LEVELS[level].qemu_cpu,
-               "-plugin", f"{plugin()},out={out}", str(device.guest_python()),
+               "-plugin", f"{device.plugin_library()},out={out}", str(device.guest_python()),
                str(GUEST_SCRIPT), str(tmp / "spec.json")]
         try:
             res = subprocess.run(cmd, env=device.guest_env(level), capture_output=True,

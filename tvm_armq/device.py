@@ -9,8 +9,9 @@ same client code runs against a phone or a server unchanged.
 What the device needs is provisioned once per machine, idempotently, into a
 cache outside the repo (``$TVM_ARMQ_HOME``, default ``~/.cache/tvm_armq``):
 
-1. Debian packages: qemu-user, qemu-user-static, binfmt-support and the
-   aarch64 cross g++ (needs root; nothing is installed if all are present).
+1. Debian packages: qemu-user, qemu-user-static, binfmt-support, the aarch64
+   cross g++ and llvm-19 (llvm-mc, llvm-mca: the cycle model) (needs root;
+   nothing is installed if all are present).
 2. An aarch64 sysroot: Python 3.11 and the libraries it loads, from Debian's
    arm64 packages (``apt-get download`` + ``dpkg -x``, no arm64 install).
 3. aarch64 wheels (numpy, apache-tvm, apache-tvm-ffi, ...) from pip with
@@ -20,6 +21,7 @@ cache outside the repo (``$TVM_ARMQ_HOME``, default ``~/.cache/tvm_armq``):
    works when the kernel knows to hand it to qemu. ``QEMU_LD_PREFIX`` (the
    sysroot) and ``QEMU_CPU`` (the level) travel in the environment, so the
    re-executed worker runs on the same emulated CPU as its parent.
+5. The cycle model's qemu plugin, built with gcc from ``blockcount.c``.
 
 The server loads only the TVM runtime (``TVM_USE_RUNTIME_LIB=1``): a board
 does not compile, it loads cross-linked modules and runs them.
@@ -277,9 +279,35 @@ def provision() -> None:
     _ensure_sysroot()
     _ensure_site()
     _ensure_binfmt()
-    from . import cycles
+    plugin_library()
 
-    cycles.plugin()  # the qemu plugin of the cycle model, built from its C source
+
+PLUGIN_SOURCE = Path(__file__).with_name("blockcount.c")  # the cycle model's qemu plugin
+
+
+def plugin_library() -> Path:
+    """The cycle model's qemu plugin (``blockcount.c``, see ``cycles.py``), built with gcc
+    into the cache and rebuilt when its source changes."""
+    import hashlib
+    import tempfile
+
+    digest = hashlib.sha1(PLUGIN_SOURCE.read_bytes()).hexdigest()[:12]
+    lib = home() / f"blockcount-{digest}.so"
+    if not lib.exists():
+        gcc = shutil.which("gcc")
+        if gcc is None:
+            raise DeviceError("gcc not found: the cycle model's qemu plugin is built from C "
+                              "source (install Debian's gcc)")
+        lib.parent.mkdir(parents=True, exist_ok=True)
+        fd, name = tempfile.mkstemp(dir=lib.parent, prefix=lib.name, suffix=".tmp")
+        os.close(fd)  # a name of its own: two threads may build it at once
+        res = subprocess.run([gcc, "-shared", "-fPIC", "-O2", "-o", name, str(PLUGIN_SOURCE),
+                              "-lpthread"], capture_output=True, text=True)
+        if res.returncode != 0:
+            Path(name).unlink(missing_ok=True)
+            raise DeviceError(f"building the blockcount plugin failed:\n{res.stderr}")
+        Path(name).replace(lib)  # atomic: a qemu already running keeps the file it mapped
+    return lib
 
 
 def provisioned() -> bool:
