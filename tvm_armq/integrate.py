@@ -849,7 +849,9 @@ def _lowering_rewriter():
                             else self.builder_.emit(relax.op.reshape(new, shape)))
             # te.create_prim_func names every func "main"; the module names them instead
             func = kc.func.without_attr("global_symbol")
-            if "tvm_armq.kernel" not in (func.attrs or {}):  # a GEMM names itself
+            # a GEMM names itself; a kernel of the layer's (row sums, zero insertion, a
+            # concatenation's requantized part) has no record of its own
+            if kc.record is not None and "tvm_armq.kernel" not in (func.attrs or {}):
                 func = func.with_attrs({"tvm_armq.kernel": kc.record.kernel,
                                         "tvm_armq.layer_op": kc.record.op})
             gv = self.builder_.add_func(func, f"tvm_armq_{kc.name}")
