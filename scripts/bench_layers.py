@@ -64,6 +64,7 @@ from pathlib import Path
 
 import numpy as np
 
+import armperf_tool
 from tvm_armq import export, targets, zoo
 from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
@@ -73,8 +74,6 @@ from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_layers import read_layer
 from tvm_armq.tflite_model import TFLiteModel
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
 
 # Bump when the builder, the layer table's meaning or the converter settings change:
 # it is part of the cache path, so stale models are never reused.
@@ -539,7 +538,7 @@ def main() -> int:
     ap.add_argument("--limit", type=int, metavar="N", help="only the first N selected layers")
     ap.add_argument("--runs", type=int, default=2, help="measured calls per armperf run")
     ap.add_argument("--top", type=int, default=5, help="hot blocks kept per measurement")
-    ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
+    armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path, help="write the rows and totals here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--list", action="store_true", help="print the layer table and exit")
@@ -558,8 +557,7 @@ def main() -> int:
             uses = ", ".join(f"{m} x{n}" for m, n in layer.uses)
             print(f"{layer.name:18s} {layer.describe():30s} {layer.act:6s} {uses}")
         return 0
-    if not a.armperf.exists():
-        ap.error(f"{a.armperf} not found: pass --armperf")
+    armperf_tool.require(ap, a.armperf)
     if not selected:
         ap.error("no layer selected")
     dw = depthwise_api()

@@ -29,12 +29,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+import armperf_tool
 from tvm_armq import build, export, hooks, targets, tflite_import, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
 DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "inception_block", "mobilenet_v1_1.0",
                   "mobilenet_v2_1.0", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
 
@@ -78,13 +77,12 @@ def main() -> int:
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     ap.add_argument("--runs", type=int, default=1)
     ap.add_argument("--threads", type=int, default=1, help="threads on both sides (armperf 3)")
-    ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
+    armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path, help="write all figures here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--no-stock", action="store_true", help="tvm_armq against TFLite only")
     a = ap.parse_args()
-    if not a.armperf.exists():
-        ap.error(f"{a.armperf} not found: pass --armperf")
+    armperf_tool.require(ap, a.armperf)
 
     builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl)}
     if not a.no_stock:

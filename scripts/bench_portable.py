@@ -14,42 +14,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
+import armperf_tool
 from tvm_armq import build, export, targets, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_model import TFLiteModel
-
-REPO = Path(__file__).resolve().parents[1]
-DEFAULT_ARMPERF = REPO.parent / "shared" / "armperf" / "armperf.py"
-
-
-def cycles(armperf: Path, lib: Path, model: TFLiteModel, level: str) -> tuple[float, int]:
-    """armperf's estimated cycles per run of a TVM library on ``level``, and its version."""
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, str(armperf), "tvm", str(lib), "--isa", level, "--json", out.name]
-        for t in model.signature()[0]:
-            cmd += ["--input", ",".join(map(str, t.shape)) + ":" + t.dtype]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode != 0:
-            raise RuntimeError(f"armperf failed on {lib} at {level}:\n{res.stderr[-2000:]}")
-        r = json.load(open(out.name))["tvm"]
-        return r["cycles_per_run"], r.get("armperf", 1)
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", default="mobilenet_v2_1.0")
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
-    ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
+    armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    if not a.armperf.exists():
-        ap.error(f"{a.armperf} not found: pass --armperf")
+    armperf_tool.require(ap, a.armperf)
     model = TFLiteModel.load(zoo.build(a.model))
     rows, sizes = [], {}
     with tempfile.TemporaryDirectory(prefix="bench_portable-") as tmp:
@@ -61,8 +43,8 @@ def main() -> int:
             print(f"{a.model} {name:9s} .so {sizes[name] / 1024:8.1f} KiB", flush=True)
         print(f"\n{'isa':8s} {'own build cyc':>14s} {'portable cyc':>13s} {'portable/own':>13s}")
         for level in a.isa:
-            own, version = cycles(a.armperf, libs[level], model, level)
-            port, _ = cycles(a.armperf, libs[targets.PORTABLE], model, level)
+            own, version = armperf_tool.tvm_cycles(a.armperf, libs[level], model, level)
+            port, _ = armperf_tool.tvm_cycles(a.armperf, libs[targets.PORTABLE], model, level)
             rows.append({"isa": level, "own": own, "portable": port, "ratio": port / own,
                          "armperf": version})
             print(f"{level:8s} {own:14.4g} {port:13.4g} {port / own:13.4f}", flush=True)

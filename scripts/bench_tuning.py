@@ -16,11 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
+import armperf_tool
 from tvm_armq import build, device, export, tuning, zoo
 from tvm_armq.tflite_model import TFLiteModel
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_portable import DEFAULT_ARMPERF, cycles as armperf_cycles  # noqa: E402
 
 DEVICE_PORT = 9690  # away from the test suite's and tune's devices
 
@@ -30,9 +28,10 @@ def main() -> int:
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("model")
     ap.add_argument("--isa", nargs="+", required=True, metavar="LEVEL=DIR")
-    ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
+    armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
+    armperf_tool.require(ap, a.armperf)
     path = a.model if a.model.endswith(".tflite") else zoo.build(a.model)
     model = TFLiteModel.load(path)
     rows = []
@@ -48,8 +47,8 @@ def main() -> int:
             tuned = export.export_aarch64(
                 build.compile_tflite(model, level, tuning_database=work, report=report),
                 Path(tmp) / f"tuned-{level}.so")
-            before, version = armperf_cycles(a.armperf, default, model, level)
-            after, _ = armperf_cycles(a.armperf, tuned, model, level)
+            before, version = armperf_tool.tvm_cycles(a.armperf, default, model, level)
+            after, _ = armperf_tool.tvm_cycles(a.armperf, tuned, model, level)
             dev = device.start(level, port=DEVICE_PORT)
             try:
                 dm = build.DeviceModel(dev.connect(), tuned)

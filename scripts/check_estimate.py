@@ -15,12 +15,10 @@ import tempfile
 import time
 from pathlib import Path
 
+import armperf_tool
 from tvm_armq import build, cycles, export, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_model import TFLiteModel
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_portable import DEFAULT_ARMPERF, cycles as armperf_cycles  # noqa: E402
 
 
 def main() -> int:
@@ -29,11 +27,10 @@ def main() -> int:
     ap.add_argument("--models", nargs="+",
                     default=["mobilenet_v1_0.25", "mobilenet_v2_1.0", "inception_block"])
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
-    ap.add_argument("--armperf", type=Path, default=DEFAULT_ARMPERF)
+    armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
-    if not a.armperf.exists():
-        ap.error(f"{a.armperf} not found: pass --armperf")
+    armperf_tool.require(ap, a.armperf)
     rows = []
     print(f"{'model':20s} {'isa':8s} {'core':12s} {'estimate':>12s} {'armperf':>12s} "
           f"{'ratio':>7s} {'estimate s':>10s}")
@@ -47,7 +44,7 @@ def main() -> int:
                 start = time.monotonic()
                 ours = cycles.estimate(lib, level, args, layers=False)
                 took = time.monotonic() - start
-                theirs, version = armperf_cycles(a.armperf, lib, model, level)
+                theirs, version = armperf_tool.tvm_cycles(a.armperf, lib, model, level)
                 rows.append({"model": name, "isa": level, "core": ours.core,
                              "estimate": ours.total, "armperf": theirs,
                              "ratio": ours.total / theirs, "armperf_version": version,

@@ -49,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import armperf_tool  # noqa: E402
 import bench_layers as bl  # noqa: E402  (the layer table and the kernel builder)
 
 MCA = "llvm-mca-19"
@@ -206,7 +207,7 @@ def armperf_hot_loop(layer, level: str, workdir: Path) -> list[str]:
     lib, npz = bl.export_kernel(kern, level, workdir, layer.symbol)
     setup = workdir / "kernel_setup.py"
     setup.write_text(bl.GUEST_SETUP)
-    res = bl.armperf(bl.DEFAULT_ARMPERF, "script", setup, level, 1, 5,
+    res = bl.armperf(armperf_tool.DEFAULT, "script", setup, level, 1, 5,
                      args=(lib, npz, layer.symbol))
     code = [[decode_line(s) for s in h["code"]] for h in res["hot"]]
     return max(code, key=lambda c: macs(c) * 1.0)

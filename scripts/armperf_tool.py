@@ -1,0 +1,41 @@
+"""What the benchmark scripts share about ``../shared/armperf``, the project's yardstick:
+where it is, the ``--armperf`` option that moves it, and its estimated cycles of one TVM
+library. (The scripts run as ``python scripts/NAME.py``, so this module is importable.)"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT = REPO.parent / "shared" / "armperf" / "armperf.py"
+
+
+def add_option(ap: argparse.ArgumentParser) -> None:
+    """``--armperf PATH``, by default the checkout beside the repository."""
+    ap.add_argument("--armperf", type=Path, default=DEFAULT,
+                    help=f"armperf.py to measure with (default {DEFAULT})")
+
+
+def require(ap: argparse.ArgumentParser, path: Path) -> None:
+    """End the script with a usage error if armperf is not at ``path``."""
+    if not path.exists():
+        ap.error(f"{path} not found: pass --armperf")
+
+
+def tvm_cycles(armperf: Path, lib: Path, model, level: str) -> tuple[float, int]:
+    """armperf's estimated cycles per run of a TVM library on ``level`` (the inputs are
+    ``model``'s, a ``TFLiteModel``), and armperf's version."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as out:
+        cmd = [sys.executable, str(armperf), "tvm", str(lib), "--isa", level, "--json", out.name]
+        for t in model.signature()[0]:
+            cmd += ["--input", ",".join(map(str, t.shape)) + ":" + t.dtype]
+        res = subprocess.run(cmd, capture_output=True, text=True)
+        if res.returncode != 0:
+            raise RuntimeError(f"armperf failed on {lib} at {level}:\n{res.stderr[-2000:]}")
+        r = json.load(open(out.name))["tvm"]
+        return r["cycles_per_run"], r.get("armperf", 1)
