@@ -141,6 +141,15 @@ def _build_isa(text: str) -> str:
             f"{targets.PORTABLE})") from None
 
 
+def _core_option(p, what: str) -> None:
+    """``--core``: a core model of the cycle model (``cycles.CORES``); checked against the
+    level when the command runs."""
+    from .cycles import DEFAULT_CORE
+
+    defaults = ", ".join(f"{level} {core}" for level, core in DEFAULT_CORE.items())
+    p.add_argument("--core", help=f"{what} (default: the level's: {defaults})")
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -621,9 +630,7 @@ def parser() -> argparse.ArgumentParser:
                    help="time: TVM's time_evaluator on the device (qemu's wall time on the "
                         "emulated one, which does not rank code as a core does); cycles: "
                         "estimated cycles on --core's model, no board needed")
-    t.add_argument("--core", help="with --measure cycles: the core model (default: the "
-                                  "level's: neon cortex-a72, dotprod neoverse-n1, i8mm "
-                                  "neoverse-n2)")
+    _core_option(t, "with --measure cycles: the core model")
     t.add_argument("--no-progress", action="store_true", help="no progress bar")
     _timeouts(t, session=False)
 
@@ -632,9 +639,7 @@ def parser() -> argparse.ArgumentParser:
                      "block counts priced by llvm-mca)")
     e.add_argument("model")
     e.add_argument("--isa", type=_isa, default="i8mm")
-    e.add_argument("--core", help="the core model that prices the code (default: the "
-                                  "level's: neon cortex-a72, dotprod neoverse-n1, "
-                                  "i8mm neoverse-n2)")
+    _core_option(e, "the core model that prices the code")
     e.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
     return p
 

@@ -62,8 +62,6 @@ COVERAGE = 0.998  # share of executed instructions priced block by block
 MC_ATTR = "+v8.6a,+dotprod,+i8mm,+bf16,+fullfp16"
 REGION_TAG = 0x41524D51 << 32  # also in blockcount.c and _guest_cycles.py
 MEASURED = 1  # the region of the measured runs; 2 + i: the i-th function with layers=True
-TOOLS = {"llvm-mc": "llvm-19", "llvm-mca": "llvm-19", "gcc": "gcc",
-         "qemu-aarch64": "qemu-user"}  # command -> Debian package
 # Instructions after which qemu's block ends because the flow goes elsewhere: a block
 # ending in anything else ran on into the code that follows it.
 _ENDS_FLOW = re.compile(r"^(b|bl|br|blr|ret|b\.\w+|bc\.\w+|cbn?z|tbn?z|svc|hvc|smc|brk|hlt|"
@@ -98,11 +96,14 @@ def core_for(level: str, core: str | None = None) -> str:
 
 
 def tool(name: str) -> str:
-    """Path of an LLVM tool (the versioned Debian name first) or of gcc / qemu."""
-    for candidate in ([f"{name}-19", name] if name.startswith("llvm") else [name]):
+    """Path of an LLVM tool (the versioned Debian name first) or of qemu; the Debian
+    package that brings it is the one provisioning installs (``device.DEBIAN_PACKAGES``)."""
+    candidates = [f"{name}-19", name] if name.startswith("llvm") else [name]
+    for candidate in candidates:
         if path := shutil.which(candidate):
             return path
-    raise CycleModelError(f"{name} not found: install Debian's {TOOLS[name]} package "
+    package = next(device.DEBIAN_PACKAGES[c] for c in candidates if c in device.DEBIAN_PACKAGES)
+    raise CycleModelError(f"{name} not found: install Debian's {package} package "
                           f"(`python -m tvm_armq device provision` as root does)")
 
 

@@ -448,10 +448,7 @@ class CycleRunner(ms.runner.PyRunner):
                  for r in runner_inputs]
         try:
             try:
-                prof = cycles.profile_items(items, self.level, runs=self.runs,
-                                            timeout=TRIAL_TIMEOUT_S * len(items))
-                per = prof.cycles(self.pricer)
-                return [per[cycles.MEASURED + i] for i in range(len(items))]
+                return self._cycles(items)
             except cycles.CycleModelError:
                 if len(items) == 1:
                     raise
@@ -463,13 +460,18 @@ class CycleRunner(ms.runner.PyRunner):
                 for _ in items:
                     self.on_trial_done()
 
-    def _one(self, item):
+    def _cycles(self, items) -> list:
+        """Cycles per call of each (library, entry, args), all in one emulator run."""
         from . import cycles
 
+        prof = cycles.profile_items(items, self.level, runs=self.runs,
+                                    timeout=TRIAL_TIMEOUT_S * len(items))
+        per = prof.cycles(self.pricer)
+        return [per[cycles.MEASURED + i] for i in range(len(items))]
+
+    def _one(self, item):
         try:
-            prof = cycles.profile_items([item], self.level, runs=self.runs,
-                                        timeout=TRIAL_TIMEOUT_S)
-            return prof.cycles(self.pricer)[cycles.MEASURED]
+            return self._cycles([item])[0]
         except Exception as e:  # noqa: BLE001 - this candidate's failure
             return e
 
