@@ -232,7 +232,10 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
                "-plugin", f"{device.plugin_library()},out={out}", str(device.guest_python()),
                str(GUEST_SCRIPT), str(tmp / "spec.json")]
         try:
-            res = subprocess.run(cmd, env=device.guest_env(level), capture_output=True,
+            # a fixed hash seed: the interpreter's code between the markers runs the same
+            # way each time, so one candidate measured twice costs the same cycles
+            env = {**device.guest_env(level), "PYTHONHASHSEED": "0"}
+            res = subprocess.run(cmd, env=env, capture_output=True,
                                  text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise CycleModelError(f"the counted run of {Path(lib).name} on {level} took "
