@@ -40,7 +40,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import device
+from . import device, zoo
 from .targets import LEVELS, UnknownIsaError
 
 # The core whose model prices a level's code by default: the core the level is named for.
@@ -367,12 +367,9 @@ class Pricer:
 
 
 def _write_json(path: Path, data) -> None:
-    """Written whole under a name of its own, then renamed: readers never see half a file,
-    and writers (processes, threads) never share a temporary."""
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, prefix=path.name,
-                                     suffix=".tmp", delete=False) as tmp:
-        tmp.write(json.dumps(data))
-    os.replace(tmp.name, path)
+    """Written whole under a name of its own, then renamed (``zoo.atomic_write``): readers
+    never see half a file, and writers (processes, threads) never share a temporary."""
+    zoo.atomic_write(path, json.dumps(data).encode())
 
 
 # ------------------------------------------------------------------------------ estimate

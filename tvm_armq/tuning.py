@@ -64,7 +64,7 @@ from tvm.s_tir.meta_schedule.utils import fork_seed
 from tvm.support.popen_pool import PopenPoolExecutor
 
 from .device import Endpoint
-from . import export, targets
+from . import export, targets, zoo
 from .targets import LEVELS
 
 # ------------------------------------------------------------------ settings
@@ -797,10 +797,9 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
 
 
 def _write_summary(summary: TuningSummary) -> None:
-    path = Path(summary.work_dir) / SUMMARY_FILE
-    tmp = path.with_suffix(".tmp")  # written whole, then renamed: never half a file
-    tmp.write_text(json.dumps(summary.to_json(), indent=1))
-    tmp.replace(path)
+    # written whole, then renamed: never half a file
+    zoo.atomic_write(Path(summary.work_dir) / SUMMARY_FILE,
+                     json.dumps(summary.to_json(), indent=1).encode())
 
 
 # ------------------------------------------------------------------ reading it back
