@@ -4,8 +4,8 @@ Read from the source (every ``import`` statement, function-level ones included),
 modules of ``tvm_armq`` form a directed acyclic graph, and the folders are layers:
 ``intrinsics/`` (instructions) imports nothing of ``schedules/`` or of the top package,
 ``schedules/`` (computes and schedules) nothing of the top package. No module imports a
-private name (``_x``) of another, and every module opens with a docstring saying what it
-does.
+private name (``_x``) of another, every module opens with a docstring saying what it
+does, and no function-level import rebinds one of its function's parameters.
 """
 
 from __future__ import annotations
@@ -98,3 +98,26 @@ def test_every_module_says_what_it_does():
     silent = [m for m, p in MODULES.items() if p.stat().st_size
               and not ast.get_docstring(ast.parse(p.read_text()))]
     assert not silent, f"modules without an opening docstring: {silent}"
+
+
+def _bound_by_import(func: ast.AST) -> set[str]:
+    """Names a function-level ``import`` binds inside ``func`` (nested functions included)."""
+    out = set()
+    for node in ast.walk(func):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            out |= {(a.asname or a.name).split(".")[0] for a in node.names}
+    return out
+
+
+def test_no_function_level_import_hides_a_parameter():
+    # ``from .intrinsics import kernels`` inside compile_tflite(..., kernels=...) once
+    # replaced the caller's dict by the module on one branch only (bf16).
+    hidden = []
+    for m, p in MODULES.items():
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = {x.arg for x in a.posonlyargs + a.args + a.kwonlyargs}
+                params |= {x.arg for x in (a.vararg, a.kwarg) if x is not None}
+                hidden += [f"{m}.{node.name}: {n}" for n in params & _bound_by_import(node)]
+    assert not hidden, "a function-level import rebinds a parameter:\n" + "\n".join(hidden)

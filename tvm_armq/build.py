@@ -74,9 +74,9 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             "aarch64 LLVM target: neon, dotprod, i8mm or an aarch64 core), so no layer would "
             "run on tvm_armq kernels")
     if precision == "bf16" and hooks.applies_to(tgt):
-        from .intrinsics import kernels
+        from .intrinsics import kernels as kernel_table
 
-        if not kernels.target_has(tgt, "has_bf16"):
+        if not kernel_table.target_has(tgt, "has_bf16"):
             raise MissingFeature(
                 f"precision bf16 runs bfmmla, which needs the bf16 extension (+bf16); "
                 f"{targets.describe(tgt)} lacks it: use the i8mm level (--isa i8mm) or "
