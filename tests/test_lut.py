@@ -9,7 +9,11 @@ Two layers of evidence:
    across four decades, output scales around them and zero points over the whole range
    (the extremes included), for int8 and uint8 (EXP: int8; RSQRT: int8, and only the
    inputs at or above the zero point, the ones TFLite agrees to run on).
-2. Device, at every ISA level: single-op models of each op, shapes with a remainder to
+2. Device, the kernel alone (``lut_func``): every one of the 256 input values through a
+   random table, for both dtypes and for sizes below one 16-byte vector, with a partial
+   last vector and over several parallel tasks; each output equals ``table[x - min]`` and
+   the code is the ``tbl``/``tbx`` lookup.
+3. Device, at every ISA level: single-op models of each op, shapes with a remainder to
    the 16-lane vector, compiled with ``compile_tflite`` (the pass must lower the op to the
    table kernel: checked in the report, no float fallback) and run on the emulated
    device; every output equals TFLite's.
@@ -119,6 +123,33 @@ def test_tables_equal_tflite_on_every_input_value(op):
     # A table of a few values (all saturated) proves little: most random draws must vary.
     assert lively >= 0.75 * len(lut.dtypes(op)) * HOST_DRAWS, \
         f"only {lively} draws have outputs that vary"
+
+
+# a vector's worth and less, one vector and a remainder, several parallel tasks and a
+# remainder (lut.BLOCK_VECTORS vectors each)
+KERNEL_SHAPES = [(1, 9), (16,), (1, 5, 7, 19), (2, lut.BLOCK_VECTORS * lut.LANES + 3)]
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("dtype", lut.DTYPES)
+def test_table_kernel_looks_up_every_value_on_the_device(run_funcs, level, dtype, tmp_path):
+    rng = np.random.RandomState(3)
+    info = np.iinfo(dtype)
+    table = rng.randint(info.min, info.max + 1, lut.TABLE_SIZE).astype(dtype)
+    funcs, calls, inputs = {}, [], []
+    for i, shape in enumerate(KERNEL_SHAPES):
+        x = rng.randint(info.min, info.max + 1, shape).astype(dtype)
+        flat = x.reshape(-1)
+        every = np.arange(info.min, info.max + 1).astype(dtype)[:flat.size]
+        flat[:every.size] = rng.permutation(every)  # every value, where the size allows
+        funcs[f"lut{i}"] = lut.lut_func(shape, dtype)
+        calls.append((f"lut{i}", [x, table], shape, dtype))
+        inputs.append(x)
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "lut.so")
+    assert "tbx" in asm and "tbl" in asm
+    for x, got in zip(inputs, outs):
+        np.testing.assert_array_equal(got, table[x.astype(np.int32) - info.min],
+                                      err_msg=f"{dtype} {x.shape} at {level}")
 
 
 # shapes: a remainder to 16 lanes, fewer than 16, several outer rows, rank 2
