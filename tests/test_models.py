@@ -52,7 +52,9 @@ INTEGER_PATHS = {
     "sub": {("subtract", "subtract_s8_neon")},
     "mobilenet_v3_small": {("hard_swish", "lut_s8_neon"), ("multiply", "multiply_s8_neon")},
     "densenet121": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
-    "efficientnet_b1": {("logistic", "lut_s8_neon"), ("multiply", "multiply_s8_neon")},
+    # swish, x * LOGISTIC(x), is one table of x; squeeze-excite's gate a MUL
+    "efficientnet_b1": {("logistic", "lut_s8_neon"), ("multiply", "lut_s8_neon"),
+                        ("multiply", "multiply_s8_neon")},
     "ds_cnn": {("depthwise_conv2d", "depthwise_s8s8s32_3x3_neon_pairs16"),
                ("mean", "mean_s8_neon")},
     "ssd_head": {("logistic", "lut_s8_neon"), ("concat", "concat_s8_neon")},

@@ -11,9 +11,12 @@ SQUARED_DIFFERENCE (two tensors, broadcast, a constant either side), SPACE_TO_DE
 DEPTH_TO_SPACE (data movement the frontend imports exactly), PRELU (alpha per channel,
 and one alpha for all), TRANSPOSE_CONV (per-channel weights, bias, SAME and VALID, the
 output sizes TFLite accepts past the usual one, a fused ReLU), RESIZE_BILINEAR and
-RESIZE_NEAREST_NEIGHBOR (up and down, align_corners, half_pixel_centers), and MAX_POOL_2D
-with SAME
-and VALID padding whose windows cross every border.
+RESIZE_NEAREST_NEIGHBOR (up and down, align_corners, half_pixel_centers), MAX_POOL_2D
+with SAME and VALID padding whose windows cross every border, and a two-input op of one
+tensor and a table op of it (swish, ``x * LOGISTIC(x)``, either operand order; ``x +
+TANH(x)``; ``x - RELU6(x)``; the table op's output also a model output), which the pass
+folds into one table: ``test_an_op_of_one_tensor_and_its_table_op_is_one_lookup``
+checks the fold, the cases that it is TFLite's arithmetic.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import pytest
 
 from tvm_armq import build, export
 from tvm_armq.tflite_model import TFLiteModel
-from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.tflite_writer import Operator, graph_model, single_op_model
 from tvm_armq.report import Fallback
 
 pytestmark = pytest.mark.device
@@ -196,7 +199,39 @@ def _pool(name, in_hw, pool, stride, same):
                 ("Pool2DOptions", _pool_options(pool, stride, same)))
 
 
-CASES = [
+# what the converter gives LOGISTIC and TANH outputs (TFLite's fixed quantization)
+Q_LOGISTIC, Q_TANH = (1 / 256, -128), (1 / 128, 0)
+
+
+def _of_one_tensor(name, unary, unary_q, binary, options, x_first=True, both_out=False):
+    """``binary(x, unary(x))`` (or ``binary(unary(x), x)``) on a 1x8x8x24 tensor: tensors
+    x, u = unary(x), out; the model's outputs ``out`` (and ``u`` if ``both_out``)."""
+    import tflite
+
+    op = tflite.BuiltinOperator
+    kind, make = options
+    opts = (getattr(tflite.BuiltinOptions, kind), lambda b: make(tflite, b))
+    shape = (1, 8, 8, 24)
+    tensors = [_t(shape), _t(shape, unary_q), _t(shape, Q_OUT)]
+    tensors = [{k: v for k, v in t.items() if v is not None} for t in tensors]
+    operators = [Operator(getattr(op, unary), (0,), (1,), None, 1),
+                 Operator(getattr(op, binary), (0, 1) if x_first else (1, 0), (2,), opts, 1)]
+    return Case(name, binary, written=graph_model(tensors, operators, [0],
+                                                  [1, 2] if both_out else [2]))
+
+
+ONE_TENSOR_CASES = [
+    _of_one_tensor("swish", "LOGISTIC", Q_LOGISTIC, "MUL", ("MulOptions", _mul_options)),
+    _of_one_tensor("swish_table_first", "LOGISTIC", Q_LOGISTIC, "MUL",
+                   ("MulOptions", _mul_options), x_first=False),
+    _of_one_tensor("x_plus_tanh", "TANH", Q_TANH, "ADD", ("AddOptions", _add_options)),
+    _of_one_tensor("relu6_minus_x", "RELU6", Q_IN, "SUB", ("SubOptions", _sub_options),
+                   x_first=False),
+    _of_one_tensor("swish_and_logistic_out", "LOGISTIC", Q_LOGISTIC, "MUL",
+                   ("MulOptions", _mul_options), both_out=True),
+]
+
+CASES = ONE_TENSOR_CASES + [
     Case("strided_slice", "STRIDED_SLICE",
          (_t((1, 9, 10, 7)), _i32([0, 1, 2, 0]), _i32([1, 8, 10, 7]), _i32([1, 2, 3, 1]),
           _t((1, 4, 3, 7))), (0, 1, 2, 3), (4,),
@@ -319,3 +354,16 @@ def test_op_is_integer_and_bit_exact(results, level, name):
             assert g.shape == e.shape and g.dtype == e.dtype
             np.testing.assert_array_equal(g, e, err_msg=f"{name} at {level}")
             assert len(np.unique(e)) > min(16, e.size // 4), "outputs must vary"
+
+
+@pytest.mark.parametrize("case", ONE_TENSOR_CASES, ids=lambda c: c.name)
+def test_an_op_of_one_tensor_and_its_table_op_is_one_lookup(case):
+    report, kernels = [], {}
+    build.compile_tflite(TFLiteModel.load(_model(case)), "neon", report=report,
+                         kernels=kernels)
+    binary = [r for r in report if r.op in ("multiply", "add", "subtract")]
+    assert [r.kernel for r in binary] == ["lut_s8_neon"], [r.line() for r in report]
+    # the table op's own lookup is left only where the model outputs its result
+    both_out = len(TFLiteModel.load(_model(case)).signature()[1]) == 2
+    assert sorted(kernels.values()) == [("logistic", "lut_s8_neon")] * both_out + \
+        [(binary[0].op, "lut_s8_neon")], kernels

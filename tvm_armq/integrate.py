@@ -551,6 +551,13 @@ def _int8_op(graph: Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
         (a, a_q), (b, b_q), swapped = _binary_operands(graph, core, op,
                                                        symmetric=op in ("add", "multiply"))
         try:
+            folded = _one_input_table(graph, op, a, a_q, b, b_q, out_q, act_range)
+            if folded is not None:
+                from tvm_armq.schedules import lut
+
+                x, table = folded
+                return _KernelCall(lut.lut_func(out_shape), "lut", [x], [table], out_shape,
+                                   record(names.elementwise_name("lut"), [x]))
             if op == "multiply":
                 func = ops.mul_func(shape_of(a), _operand_shape(b), out_shape, a_q, b_q, out_q,
                                     act_range)
@@ -671,13 +678,12 @@ def _unary_of(graph: Graph, y):
 _RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RELU_N1_TO_1}
 
 
-def _lut(graph: Graph, quantize, clip, unary, label: str) -> _KernelCall:
-    """An 8-bit unary op as a 256-entry table of TFLite's arithmetic (``schedules.lut``)."""
+def _lut_table(graph: Graph, quantize, unary):
+    """(input variable, dtype, 256-entry table) of the unary op ``unary`` (``_unary_of``)
+    that ``quantize`` ends."""
     from tvm_armq.schedules import lut
 
     op, deq, options = unary
-    if clip is not None:
-        raise NotInteger(f"{op} followed by a clip")
     dtype = str(quantize.attrs.out_dtype)
     x, in_q = deq.args[0], qparams(graph, deq).scalar("the input")
     if graph.const(x) is not None or dtype_of(x) != dtype or dtype not in lut.DTYPES:
@@ -686,9 +692,58 @@ def _lut(graph: Graph, quantize, clip, unary, label: str) -> _KernelCall:
     if op in _RELU_ACTIVATIONS:  # its clamp: the range TFLite gives the activation
         options = {"act_range": activation_range(_RELU_ACTIVATIONS[op], *out_q, dtype)}
     try:
-        table = lut.table(op, in_q, out_q, dtype, **options)
+        return x, dtype, lut.table(op, in_q, out_q, dtype, **options)
     except ValueError as e:  # TFLite's Prepare refuses these parameters too
         raise NotInteger(str(e)) from None
+
+
+def _as_table(graph: Graph, v):
+    """(x, table): the int8 tensor ``v`` as a function of an int8 tensor ``x``, entry k
+    for x = -128 + k: ``v`` = a table op (``_unary_of``) of ``x``, or ``v`` itself (the
+    identity table)."""
+    q = graph.call(v, "relax.quantize")
+    unary = _unary_of(graph, q.args[0]) if q is not None else None
+    if unary is not None:
+        try:
+            x, dtype, table = _lut_table(graph, q, unary)
+            if dtype == "int8":
+                return x, table
+        except NotInteger:
+            pass
+    info = np.iinfo(np.int8)
+    return v, np.arange(info.min, info.max + 1).astype(np.int8)
+
+
+def _one_input_table(graph: Graph, op: str, a, a_q, b, b_q, out_q, act_range):
+    """If both operands of the two-input ``op`` (same shape, no broadcast) are functions
+    of one int8 tensor x (x itself or a table op of x: swish is ``x * LOGISTIC(x)``), the
+    op is a function of x too: (x, its table), TFLite's arithmetic for every value of x
+    (``reference.broadcast_mul`` / ``broadcast_add`` over the two operand tables), else
+    None. One lookup then replaces the op and, where nothing else reads it, the table op
+    before it."""
+    from tvm_armq.schedules import int8_ops as ops
+    from tvm_armq.schedules import reference as ref
+
+    if isinstance(b, np.ndarray) or shape_of(a) != shape_of(b):
+        return None
+    (x, ta), (x_b, tb) = _as_table(graph, a), _as_table(graph, b)
+    if not x.same_as(x_b):
+        return None
+    if op == "multiply":
+        p = ops.mul_params(a_q, b_q, out_q, act_range)
+        return x, ref.broadcast_mul(ta, tb, **dataclasses.asdict(p))
+    p = ops.add_params(a_q, b_q, out_q, act_range, op=_COMMON_SCALE_OPS[op])
+    return x, ref.broadcast_add(ta, tb, **dataclasses.asdict(p))
+
+
+def _lut(graph: Graph, quantize, clip, unary, label: str) -> _KernelCall:
+    """An 8-bit unary op as a 256-entry table of TFLite's arithmetic (``schedules.lut``)."""
+    from tvm_armq.schedules import lut
+
+    op = unary[0]
+    if clip is not None:
+        raise NotInteger(f"{op} followed by a clip")
+    x, dtype, table = _lut_table(graph, quantize, unary)
     shape = shape_of(quantize)
     record = Lowered(op.lower(), label, shape_of(x), shape, names.elementwise_name("lut", dtype))
     return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape, record, dtype)
