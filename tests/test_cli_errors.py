@@ -428,11 +428,19 @@ def test_hung_endpoint_in_python(hung_port, key):
     assert time.monotonic() - started < HUNG_TIMEOUT + STARTUP_SLACK
 
 
+def _as_in_a_terminal():
+    """A terminal's foreground command starts with SIGINT at its default. A test run may
+    not (a shell starts a background job with SIGINT ignored, and children inherit that;
+    Python then never raises KeyboardInterrupt): give the command the terminal's."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_ctrl_c_is_one_line_and_130(models, hung_port):
     """Ctrl-C while the command waits for a device: no traceback, exit 130."""
     proc = subprocess.Popen([sys.executable, "-m", "tvm_armq", "run", str(models["int8"]),
                              "--device", f"127.0.0.1:{hung_port}", "--timeout", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_as_in_a_terminal)
     # the TCP probe, then TVM's handshake connection: the command is now waiting
     deadline = time.monotonic() + STARTUP_SLACK
     while len(hung_port.accepted) < 2 and time.monotonic() < deadline:
