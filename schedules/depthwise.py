@@ -71,6 +71,15 @@ away); in a border region the taps that can only see padding become the constant
 No padded copy of the input is made. A region may keep conditions when the input is
 smaller than the kernel's reach; they are scalar per pixel, the channels stay vectorized.
 
+Multiplier 1, more than 3x3 taps: a padded copy (``_schedule_padded``)
+-----------------------------------------------------------------------
+Border regions of a 5x5 kernel run code two to three times slower per pixel than the
+interior, and on the small maps where such kernels sit most pixels are border pixels
+(``PADDED_COPY_MIN_TAPS``). So a stride-1 layer with padding and more than nine taps
+first copies its input into a buffer with the zp_in border (rows in parallel, 16-byte
+vectors), then computes every output pixel as the interior does. The copy costs a load
+and a store per 16 input bytes; the taps cost 25 multiply-accumulates per 16 output bytes.
+
 Multiplier > 1: a padded copy, then per-pixel accumulators (``_schedule_staged``)
 -------------------------------------------------------------------------------------
 Output channel c * M + m reads input channel c, so output lanes would gather input bytes.
@@ -131,6 +140,23 @@ def default_channel_block(shape: DepthwiseShape) -> int:
     if shape.multiplier == 1:
         return min(LANES, c)  # the remainder is a narrower vector of its own
     return 8 if c % LANES and c % 8 == 0 else LANES
+
+
+# Taps above which a multiplier-1 layer with padding reads a padded copy of its input
+# rather than the input in place. In place, the border regions get code of their own per
+# subset of taps that see the input; for a 3x3 kernel that code is nearly as fast as the
+# interior's and the copy does not pay (estimated cycles at dotprod, neoverse-n1, in place /
+# padded copy: 3x3 s1 at 56x56x144 0.96, 7x7x960 0.93); for 5x5 it is two to three times
+# slower per pixel, and the border is most of a small map (5x5 s1 at 16x16x144 1.62,
+# 8x8x480 2.14, 4x4x672 2.52). Stride 2 keeps the input in place (5x5 s2 at 32x32x96 0.96).
+PADDED_COPY_MIN_TAPS = 10
+
+
+def default_padded_copy(shape: DepthwiseShape) -> bool:
+    """Whether ``schedule_depthwise`` reads a padded copy of the input by default: a
+    multiplier-1, stride-1 layer with padding and more than 3x3 taps."""
+    return (shape.multiplier == 1 and any(shape.padding) and shape.strides == (1, 1)
+            and shape.taps >= PADDED_COPY_MIN_TAPS)
 
 
 def padded_channels(shape: DepthwiseShape, channel_block: int) -> int:
@@ -319,7 +345,8 @@ def _partition(sch, blocks, prefix: str, sizes):
 
 
 def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None = None,
-                       parallel: bool = True, parallel_min_rows: int = 2):
+                       parallel: bool = True, parallel_min_rows: int = 2,
+                       padded_copy: bool | None = None):
     """Schedule ``depthwise_func(shape, ...)`` (built with the same ``channel_block``).
 
     The loop nests are in the module docstring: multiplier 1 reads the input directly,
@@ -331,6 +358,8 @@ def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None
     ``parallel_min_rows``: a row loop with fewer rows (a one-row border region) runs
     serially rather than paying for a parallel launch. (TVM's parallel launch already
     hands each thread one contiguous run of rows, so rows per task need no knob.)
+    ``padded_copy`` (multiplier 1 with padding): read a padded copy of the input instead
+    of the input in place with border regions; None: ``default_padded_copy``.
     """
     from tvm import s_tir
 
@@ -343,8 +372,53 @@ def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None
             if parallel and int(sch.get(lp).extent) >= max(parallel_min_rows, 2):
                 sch.parallel(lp)
 
-    (_schedule_direct if s.multiplier == 1 else _schedule_staged)(sch, s, cb, rows_parallel)
+    if s.multiplier > 1:
+        _schedule_staged(sch, s, cb, rows_parallel)
+    elif any(s.padding) and (default_padded_copy(s) if padded_copy is None else padded_copy):
+        _schedule_padded(sch, s, cb, rows_parallel)
+    else:
+        _schedule_direct(sch, s, cb, rows_parallel)
     return sch.mod["main"]
+
+
+def _schedule_padded(sch, s: DepthwiseShape, cb: int, rows_parallel):
+    """Multiplier 1 through a padded copy of the input: the copy's rows in parallel, its
+    channels vectorized; then every output pixel reads 16-byte vectors of the copy with no
+    condition, one loop nest over rows, columns and channel blocks (the C % cb remainder a
+    narrower vector)::
+
+        pad: for rows (parallel): for w: for c (vectorized)         zp_in outside the input
+        for oh (parallel): for channel part: for cb_i: for ow: for c in cb (vectorized)
+    """
+    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
+    sch.compute_inline(blocks["acc"])
+    pn, ph, _, pc = sch.get_loops(blocks["pad"])
+    pad_rows = sch.fuse(pn, ph)
+    channels = s.channels
+    if channels > cb:
+        main = channels // cb * cb
+        parts = [pc] if main == channels else sch.loop_partition(pc, [main, None])
+        sch.vectorize(sch.split(parts[0], [None, cb])[1])
+        if len(parts) > 1:
+            sch.vectorize(parts[1])
+    else:
+        sch.vectorize(pc)
+    out = blocks["output"]
+    n, oh, ow, oc = sch.get_loops(out)
+    rows = sch.fuse(n, oh)
+    rows_parallel([pad_rows, rows])
+    main = channels // cb * cb
+    _partition(sch, [out], "oc", [e for e in (main, channels - main) if e])
+    for b in _leaves(sch):
+        if b.same_as(blocks["pad"]) or sch.get(b).name_hint == "pad":
+            continue
+        ow, oc = _loop(sch, b, "ow"), _loop(sch, b, "oc")
+        if oc is not None and int(sch.get(oc).extent) > cb:
+            ocb, oc = sch.split(oc, [None, cb])
+            if ow is not None:
+                sch.reorder(ocb, ow)
+        if oc is not None:
+            sch.vectorize(oc)
 
 
 def _schedule_direct(sch, s: DepthwiseShape, cb: int, rows_parallel):

@@ -46,6 +46,7 @@ class Case:
     max_shift: int | None = None  # the func may assume no larger shift (0: no ushl; -1: also
     # the one-instruction rounding fixup)
     small: bool = False  # tiny accumulators: scales above 1, positive (left) shifts
+    padded_copy: bool | None = None  # multiplier 1: read a padded copy (None: the default)
 
 
 def _same(h, w, k, s=1, d=1):
@@ -81,6 +82,17 @@ CASES = [
          small=True),
     Case("c16_m2_3x3_small_acc", S(1, 5, 5, 16, multiplier=2), in_zp=90, out_zp=-2,
          small=True),
+    # the two multiplier-1 forms on the shapes the other one is the default of
+    Case("c16_5x5_same_in_place", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
+         in_zp=-20, out_zp=3, padded_copy=False),
+    Case("c19_3x3_s2_same_padded_copy", S(1, 10, 9, 19, strides=(2, 2),
+                                          padding=_same(10, 9, 3, 2)),
+         in_zp=12, out_zp=-128, act_range=(-128, 40), padded_copy=True),
+    Case("c35_3x3_d2_same_n2_padded_copy", S(2, 9, 8, 35, dilation=(2, 2),
+                                             padding=_same(9, 8, 3, 1, 2)),
+         in_zp=-1, out_zp=3, max_shift=0, padded_copy=True),
+    Case("c40_5x5_same_4x4", S(1, 4, 4, 40, kh=5, kw=5, padding=_same(4, 4, 5)),
+         in_zp=77, out_zp=-9),
 ]
 
 
@@ -142,9 +154,9 @@ def _pair_sums(case: Case, data, weight):
     return np.stack(products[0::2]) + np.stack(products[1::2])
 
 
-def _func(shape, **quant):
+def _func(shape, padded_copy=None, **quant):
     f = dw.depthwise_func(shape, **quant)
-    return dw.schedule_depthwise(f, shape)
+    return dw.schedule_depthwise(f, shape, padded_copy=padded_copy)
 
 
 # ------------------------------------------------------------------ host-side checks
@@ -242,7 +254,7 @@ def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     for i, case in enumerate(CASES):
         funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
-                                 max_shift=case.max_shift)
+                                 max_shift=case.max_shift, padded_copy=case.padded_copy)
         args, exp = _case_data(case, i)
         datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
