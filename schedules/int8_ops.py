@@ -96,7 +96,7 @@ import math
 import numpy as np
 
 from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, MAX_SHIFT, MIN_SHIFT,
-                                         quantize_multiplier)
+                                         multiply_by_quantized_multiplier, quantize_multiplier)
 
 LANES = 16  # int8 lanes in one 128-bit NEON register
 DTYPES = ("int8", "uint8")
@@ -420,24 +420,42 @@ def finish_func(tensors, schedule, scheduler):
 # ----------------------------------------------------------------------------- ADD, MUL
 def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
              dtype: str = "int8", *, schedule: bool = True, op: str = "ADD",
-             b_first: bool = False):
+             b_first: bool = False, constant: np.ndarray | None = None):
     """TFLite's 8-bit ADD (broadcasting, fused activation ``act_range``) as a PrimFunc
     ``(a, b, out)``; ``*_q`` = (float32 scale, zero point), ``act_range`` = (lo, hi) in
     output units (``tflite_layers.activation_range``), None for no activation.
     ``op``: "ADD", "SUB" (``a' - b'``) or "SQUARED_DIFFERENCE" (``(a' - b')**2``), each
     with its Prepare (``add_params``). ``b_first``: the PrimFunc takes ``(b, a, out)`` (a
-    SUB whose first operand is a constant: call_tir passes constants last)."""
+    SUB whose first operand is a constant: call_tir passes constants last).
+
+    ``constant``: the values of the operand that is a compile-time constant (``b``, or
+    ``a`` with ``b_first``: the PrimFunc's second parameter either way). Its rescaling,
+    ``M((v - zp) << left_shift)``, is then done here, once per value, with the reference
+    arithmetic, and the PrimFunc takes the int32 results in its place: one of the three
+    requantizations per element is gone. Returns ``(func, rescaled values)`` then."""
     from tvm import te
 
     from tvm_armq.intrinsics.qmuls import qmuls
 
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
-    a = te.placeholder(tuple(a_shape), dtype, "a")
-    b = te.placeholder(tuple(b_shape), dtype, "b")
+    const_name = "a" if b_first else "b"
+    rescaled_const = None
+    if constant is not None:
+        zp, m, e = ((p.a_zp, p.a_multiplier, p.a_shift) if b_first
+                    else (p.b_zp, p.b_multiplier, p.b_shift))
+        rescaled_const = multiply_by_quantized_multiplier(
+            (np.asarray(constant, np.int64) - zp) << p.left_shift, m, e).astype(np.int32)
+    a = te.placeholder(tuple(a_shape), "int32" if const_name == "a" and constant is not None
+                       else dtype, "a")
+    b = te.placeholder(tuple(b_shape), "int32" if const_name == "b" and constant is not None
+                       else dtype, "b")
 
     def rescaled(t, shape, zp, m, e, idx):
-        x = t[tuple(_broadcast_index(shape, out_shape, idx))].astype("int32") - zp
+        v = t[tuple(_broadcast_index(shape, out_shape, idx))]
+        if t.dtype == "int32":  # the constant, rescaled at compile time
+            return v
+        x = v.astype("int32") - zp
         return qmuls(x << p.left_shift, m, Q31, e)  # |x - zp| <= 255: the shift fits
 
     def element(*idx):
@@ -450,7 +468,8 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
                            *p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
-    return finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
+    func = finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
+    return func if constant is None else (func, rescaled_const)
 
 
 def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,

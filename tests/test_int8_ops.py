@@ -188,14 +188,18 @@ def _act(act, out_q, dtype):
     return activation_range(act, out_q[0], out_q[1], dtype)
 
 
-def _add_case(name, a_shape, b_shape, a_q, b_q, out_q, act=ACT_NONE, dtype="int8"):
+def _add_case(name, a_shape, b_shape, a_q, b_q, out_q, act=ACT_NONE, dtype="int8",
+              constant=False):
+    """``constant``: b is a compile-time constant, handed to the kernel rescaled."""
     def make(rng):
         out_shape = np.broadcast_shapes(a_shape, b_shape)
         act_range = _act(act, out_q, dtype)
         a, b = _data(rng, a_shape, dtype), _data(rng, b_shape, dtype)
         p = ops.add_params(a_q, b_q, out_q, act_range, dtype)
-        return Built(ops.add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range, dtype),
-                     [a, b], ref.broadcast_add(a, b, **dataclasses.asdict(p)),
+        func = ops.add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range, dtype,
+                            constant=b if constant else None)
+        func, b_arg = func if constant else (func, b)
+        return Built(func, [a, b_arg], ref.broadcast_add(a, b, **dataclasses.asdict(p)),
                      _binary_model("ADD", a_shape, b_shape, a_q, b_q, out_q, act, dtype), [a, b])
     return Case(name, make)
 
@@ -288,6 +292,10 @@ CASES = [
     _add_case("add_scalar_2d", (3, 37), (1,), (0.004, 60), (0.1, -1), (0.08, 100)),
     _add_case("add_equal_scales", (1, 4, 4, 16), (1, 4, 4, 16), (0.03, 1), (0.03, 1),
               (0.05, -7), ACT_RELU_N1_TO_1),
+    _add_case("add_channel_constant_relu6", (1, 5, 6, 40), (40,), (0.031, 5), (0.012, -3),
+              (0.04, -128), ACT_RELU6, constant=True),
+    _add_case("add_constant_uint8", (2, 3, 37), (1, 3, 1), (0.004, 60), (0.1, 1), (0.08, 100),
+              dtype="uint8", constant=True),
     _add_case("add_uint8", (1, 6, 5, 19), (1, 6, 5, 19), (0.02, 0), (0.07, 255), (0.08, 128),
               ACT_RELU, dtype="uint8"),
     # MUL: scales below and above 1 (right and left shifts)

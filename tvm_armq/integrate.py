@@ -563,8 +563,12 @@ def _int8_op(graph: Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
                                     act_range)
             else:
                 (x, x_q), (y, y_q) = ((b, b_q), (a, a_q)) if swapped else ((a, a_q), (b, b_q))
+                constant = b if isinstance(b, np.ndarray) else None
                 func = ops.add_func(_operand_shape(x), _operand_shape(y), out_shape, x_q, y_q,
-                                    out_q, act_range, op=_COMMON_SCALE_OPS[op], b_first=swapped)
+                                    out_q, act_range, op=_COMMON_SCALE_OPS[op], b_first=swapped,
+                                    constant=constant)
+                if constant is not None:  # the kernel takes the constant already rescaled
+                    func, b = func
         except ValueError as e:  # TFLite's Prepare refuses these scales too
             raise NotInteger(f"{op}: {e}") from None
         return _binary_call(func, op, a, b, out_shape, record(names.elementwise_name(op), [a]))
