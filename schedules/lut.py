@@ -55,10 +55,9 @@ is a load, an address and a load per element. The index is the input's raw byte:
 uint8 that is the table's index; for int8 the raw byte ``u`` (``x`` mod 256) stands for
 entry ``u + 128`` below 128 and ``u - 128`` above, so rather than adjusting every input
 the kernel loads the groups rotated by half the table (group g holds the entries from
-``(64 g + 128) % 256`` on). Tensors of
-16 elements or more are covered by 16-element vectors, the last one ending at the last
-element (it overlaps the one before it: both write the same bytes); smaller ones by a
-scalar gather. ``lut_func(schedule=False)`` is the plain gather, the readable definition.
+``(64 g + 128) % 256`` on). Tensors of 16 elements or more are covered by 16-element
+vectors, the last one ending at the last element (it overlaps the one before it: both
+write the same bytes); smaller ones by a scalar gather. ``lut_func(schedule=False)`` is the plain gather, the readable definition.
 """
 
 from __future__ import annotations
@@ -369,8 +368,10 @@ def _tbl_func(spec, shape, dtype: str):
 
     shape = tuple(int(d) for d in shape)
     n = int(np.prod(shape))
-    if n < LANES:
-        return _gather_schedule(spec)
+    if n < LANES:  # not one vector's worth: the gather, vectorized as far as it goes
+        from .int8_ops import elementwise_schedule
+
+        return elementwise_schedule(spec)
     vec = f"{dtype}x{LANES}"
     # entry of the table for raw byte 0 (the input value 0 - dtype_min)
     start = -int(np.iinfo(dtype).min)
@@ -415,9 +416,3 @@ def _lookup(regs, raw, vec: str):
         out = tirx.call_llvm_pure_intrin(vec, "llvm.aarch64.neon.tbx4", out,
                                          *regs[g * GROUP:(g + 1) * GROUP], index)
     return out
-
-
-def _gather_schedule(func):
-    from .int8_ops import elementwise_schedule
-
-    return elementwise_schedule(func)

@@ -38,6 +38,8 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     maximum, minimum                           -> int8_ops      raw 8-bit comparisons
     sigmoid, tanh, exp, rsqrt, leakyrelu, relu, -> lut           a 256-entry table of TFLite's
     x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
+    add, subtract, multiply of x and a table   -> lut           one table of x (swish:
+    op of x (or of x and x)                                     x * LOGISTIC(x))
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
     concat                                     -> int8_ops      a copy per input (requantizing
                                                                 inputs whose scale differs)
