@@ -142,7 +142,7 @@ def default_channel_block(shape: DepthwiseShape) -> int:
     return 8 if c % LANES and c % 8 == 0 else LANES
 
 
-# Taps above which a multiplier-1 layer with padding reads a padded copy of its input
+# Fewest taps for which a multiplier-1 layer with padding reads a padded copy of its input
 # rather than the input in place. In place, the border regions get code of their own per
 # subset of taps that see the input; for a 3x3 kernel that code is nearly as fast as the
 # interior's and the copy does not pay (estimated cycles at dotprod, neoverse-n1, in place /
