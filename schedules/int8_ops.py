@@ -444,8 +444,9 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     if constant is not None:
         zp, m, e = ((p.a_zp, p.a_multiplier, p.a_shift) if b_first
                     else (p.b_zp, p.b_multiplier, p.b_shift))
-        rescaled_const = multiply_by_quantized_multiplier(
-            (np.asarray(constant, np.int64) - zp) << p.left_shift, m, e).astype(np.int32)
+        values = np.asarray(constant, np.int64)
+        rescaled_const = np.asarray(multiply_by_quantized_multiplier(
+            (values - zp) << p.left_shift, m, e), np.int32).reshape(values.shape)  # 0-d too
     a = te.placeholder(tuple(a_shape), "int32" if const_name == "a" and constant is not None
                        else dtype, "a")
     b = te.placeholder(tuple(b_shape), "int32" if const_name == "b" and constant is not None
