@@ -403,17 +403,23 @@ def _schedule_padded(sch, s: DepthwiseShape, cb: int, rows_parallel):
             sch.vectorize(parts[1])
     else:
         sch.vectorize(pc)
-    out = blocks["output"]
-    n, oh, ow, oc = sch.get_loops(out)
-    rows = sch.fuse(n, oh)
-    rows_parallel([pad_rows, rows])
+    n, oh, _, _ = sch.get_loops(blocks["output"])
+    rows_parallel([pad_rows, sch.fuse(n, oh)])
+    _channel_blocks(sch, channels, cb)
+
+
+def _channel_blocks(sch, channels: int, cb: int):
+    """The channel loop of every output block (not the padded copy's): C // cb blocks of cb
+    lanes, each block's loop outside the column loop (its weights stay in registers along
+    the row), and the C % cb remainder as one narrower vector."""
+    def outputs():
+        return [b for b in _leaves(sch) if not sch.get(b).name_hint.startswith("pad")]
+
     main = channels // cb * cb
-    _partition(sch, [out], "oc", [e for e in (main, channels - main) if e])
-    for b in _leaves(sch):
-        if b.same_as(blocks["pad"]) or sch.get(b).name_hint == "pad":
-            continue
+    _partition(sch, outputs(), "oc", [e for e in (main, channels - main) if e])
+    for b in outputs():
         ow, oc = _loop(sch, b, "ow"), _loop(sch, b, "oc")
-        if oc is not None and int(sch.get(oc).extent) > cb:
+        if oc is not None and int(sch.get(oc).extent) > cb:  # main part: blocks of cb
             ocb, oc = sch.split(oc, [None, cb])
             if ow is not None:
                 sch.reorder(ocb, ow)
@@ -439,22 +445,13 @@ def _schedule_direct(sch, s: DepthwiseShape, cb: int, rows_parallel):
         sch.compute_inline(blocks["pad"])
     sch.compute_inline(blocks["acc"])
     pt, pl, _, _ = s.padding
-    main = s.channels // cb * cb
     _partition(sch, _leaves(sch), "oh",
                _regions(s.out_h, s.in_h, pt, s.kh, s.strides[0], s.dilation[0]))
     # The row loop of each row region, before the column partitions hide it in blocks.
     rows_parallel([lp for lp in (_loop(sch, b, "oh") for b in _leaves(sch)) if lp is not None])
     _partition(sch, _leaves(sch), "ow",
                _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
-    _partition(sch, _leaves(sch), "oc", [e for e in (main, s.channels - main) if e])
-    for b in _leaves(sch):
-        ow, oc = _loop(sch, b, "ow"), _loop(sch, b, "oc")
-        if oc is not None and int(sch.get(oc).extent) > cb:  # main part: blocks of cb
-            ocb, oc = sch.split(oc, [None, cb])
-            if ow is not None:
-                sch.reorder(ocb, ow)  # the block's weights stay in registers along the row
-        if oc is not None:
-            sch.vectorize(oc)
+    _channel_blocks(sch, s.channels, cb)
 
 
 def _schedule_staged(sch, s: DepthwiseShape, cb: int, rows_parallel):
