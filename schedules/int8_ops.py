@@ -96,7 +96,7 @@ import math
 import numpy as np
 
 from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, MAX_SHIFT, MIN_SHIFT,
-                                         multiply_by_quantized_multiplier, quantize_multiplier)
+                                         quantize_multiplier)
 
 LANES = 16  # int8 lanes in one 128-bit NEON register
 DTYPES = ("int8", "uint8")
@@ -439,18 +439,19 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
 
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
-    const_name = "a" if b_first else "b"
     rescaled_const = None
     if constant is not None:
+        from .reference import rescale_add_input
+
         zp, m, e = ((p.a_zp, p.a_multiplier, p.a_shift) if b_first
                     else (p.b_zp, p.b_multiplier, p.b_shift))
-        values = np.asarray(constant, np.int64)
-        rescaled_const = np.asarray(multiply_by_quantized_multiplier(
-            (values - zp) << p.left_shift, m, e), np.int32).reshape(values.shape)  # 0-d too
-    a = te.placeholder(tuple(a_shape), "int32" if const_name == "a" and constant is not None
-                       else dtype, "a")
-    b = te.placeholder(tuple(b_shape), "int32" if const_name == "b" and constant is not None
-                       else dtype, "b")
+        values = np.asarray(constant)
+        rescaled_const = np.asarray(
+            rescale_add_input(values, zp=zp, left_shift=p.left_shift, multiplier=m, shift=e),
+            np.int32).reshape(values.shape)  # 0-d too
+    const_dtype = dtype if constant is None else "int32"
+    a = te.placeholder(tuple(a_shape), const_dtype if b_first else dtype, "a")
+    b = te.placeholder(tuple(b_shape), dtype if b_first else const_dtype, "b")
 
     def rescaled(t, shape, zp, m, e, idx):
         v = t[tuple(_broadcast_index(shape, out_shape, idx))]

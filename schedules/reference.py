@@ -245,6 +245,11 @@ def _mbqm(x, multiplier: int, shift: int) -> np.ndarray:
     return multiply_by_quantized_multiplier(x, multiplier, shift).astype(np.int64)
 
 
+def rescale_add_input(x, *, zp: int, left_shift: int, multiplier: int, shift: int):
+    """One input of TFLite's 8-bit ADD on the common scale: ``M((x - zp) << left_shift)``."""
+    return _mbqm((np.asarray(x, np.int64) - zp) << left_shift, multiplier, shift)
+
+
 def broadcast_add(a, b, *, a_zp: int, b_zp: int, out_zp: int, left_shift: int,
                   a_multiplier: int, a_shift: int, b_multiplier: int, b_shift: int,
                   out_multiplier: int, out_shift: int, act_range, out_dtype: str = "int8",
@@ -253,9 +258,10 @@ def broadcast_add(a, b, *, a_zp: int, b_zp: int, out_zp: int, left_shift: int,
     and rescaled to the common scale, the sum rescaled to the output; NumPy broadcasting.
     ``op`` "SUB" takes the difference, "SQUARED_DIFFERENCE" its square (int32 in TFLite:
     it fits)."""
-    a = (np.asarray(a, np.int64) - a_zp) << left_shift
-    b = (np.asarray(b, np.int64) - b_zp) << left_shift
-    a, b = _mbqm(a, a_multiplier, a_shift), _mbqm(b, b_multiplier, b_shift)
+    a = rescale_add_input(a, zp=a_zp, left_shift=left_shift, multiplier=a_multiplier,
+                          shift=a_shift)
+    b = rescale_add_input(b, zp=b_zp, left_shift=left_shift, multiplier=b_multiplier,
+                          shift=b_shift)
     total = a + b if op == "ADD" else a - b
     if op == "SQUARED_DIFFERENCE":
         total = total * total
