@@ -358,12 +358,11 @@ def test_op_is_integer_and_bit_exact(results, level, name):
 
 @pytest.mark.parametrize("case", ONE_TENSOR_CASES, ids=lambda c: c.name)
 def test_an_op_of_one_tensor_and_its_table_op_is_one_lookup(case):
-    report, kernels = [], {}
-    build.compile_tflite(TFLiteModel.load(_model(case)), "neon", report=report,
-                         kernels=kernels)
+    model, report, kernels = TFLiteModel.load(_model(case)), [], {}
+    build.compile_tflite(model, "neon", report=report, kernels=kernels)
     binary = [r for r in report if r.op in ("multiply", "add", "subtract")]
     assert [r.kernel for r in binary] == ["lut_s8_neon"], [r.line() for r in report]
     # the table op's own lookup is left only where the model outputs its result
-    both_out = len(TFLiteModel.load(_model(case)).signature()[1]) == 2
+    both_out = len(model.signature()[1]) == 2
     assert sorted(kernels.values()) == [("logistic", "lut_s8_neon")] * both_out + \
         [(binary[0].op, "lut_s8_neon")], kernels

@@ -669,8 +669,9 @@ CTRL_C_GRACE = 10.0  # s the ordinary path gets to report a Ctrl-C and clean up
 def _end_on_ctrl_c_even_if_blocked() -> None:
     """A Ctrl-C normally ends the command through ``main``'s error boundary (the main thread
     raises KeyboardInterrupt). Should the main thread be stuck where Python cannot run
-    its handler (a call into TVM's C++ code that never returns), a watcher thread, woken by the signal itself (``signal.set_wakeup_fd``), ends the
-    process after ``CTRL_C_GRACE`` s with the same line and status."""
+    its handler (a call into TVM's C++ code that never returns), a watcher thread, woken
+    by the signal itself (``signal.set_wakeup_fd``), ends the process after
+    ``CTRL_C_GRACE`` s with the same line and status."""
     import signal
     import time
 
