@@ -338,22 +338,6 @@ def dtypes(op: str) -> tuple[str, ...]:
 
 
 # ----------------------------------------------------------------------------- the kernel
-def lut_func(shape, dtype: str = "int8", *, schedule: bool = True):
-    """``out = table[x - dtype_min]`` over a tensor of ``shape``: a PrimFunc
-    ``(x, table, out)``, the table a ``dtype`` vector of 256 entries (``table(...)``).
-    Scheduled, it is the ``tbl``/``tbx`` kernel of the module docstring; with
-    ``schedule=False`` the plain gather it computes."""
-    from tvm import te
-
-    _inputs(dtype)
-    low = int(np.iinfo(dtype).min)
-    x = te.placeholder(tuple(int(d) for d in shape), dtype, "x")
-    tab = te.placeholder((TABLE_SIZE,), dtype, "table")
-    out = te.compute(x.shape, lambda *i: tab[x[i].astype("int32") - low], name="lut")
-    func = te.create_prim_func([x, tab, out])
-    return _tbl_func(func, x.shape, dtype) if schedule else func
-
-
 LANES = 16  # bytes per NEON register: elements looked up by one tbl/tbx
 GROUP = 4  # registers per tbl4/tbx4 table: 64 entries
 GROUP_ENTRIES = GROUP * LANES
@@ -361,17 +345,34 @@ GROUP_ENTRIES = GROUP * LANES
 BLOCK_VECTORS = 64
 
 
-def _tbl_func(spec, shape, dtype: str):
-    """The tbl/tbx kernel computing ``spec`` (``lut_func``'s gather) over ``shape``."""
+def lut_func(shape, dtype: str = "int8", *, schedule: bool = True):
+    """``out = table[x - dtype_min]`` over a tensor of ``shape``: a PrimFunc
+    ``(x, table, out)``, the table a ``dtype`` vector of 256 entries (``table(...)``).
+    Scheduled, it is the ``tbl``/``tbx`` kernel of the module docstring (a tensor of fewer
+    than 16 elements: the gather, vectorized); with ``schedule=False`` the plain gather it
+    computes."""
+    from tvm import te
+
+    from .int8_ops import elementwise_schedule
+
+    _inputs(dtype)
+    shape = tuple(int(d) for d in shape)
+    if schedule and int(np.prod(shape)) >= LANES:
+        return _tbl_func(shape, dtype)
+    low = int(np.iinfo(dtype).min)
+    x = te.placeholder(shape, dtype, "x")
+    tab = te.placeholder((TABLE_SIZE,), dtype, "table")
+    out = te.compute(x.shape, lambda *i: tab[x[i].astype("int32") - low], name="lut")
+    func = te.create_prim_func([x, tab, out])
+    return elementwise_schedule(func) if schedule else func
+
+
+def _tbl_func(shape: tuple[int, ...], dtype: str):
+    """The tbl/tbx kernel over a tensor of ``shape`` (16 elements or more)."""
     from tvm import tirx
     from tvm.script import tirx as T
 
-    shape = tuple(int(d) for d in shape)
     n = int(np.prod(shape))
-    if n < LANES:  # not one vector's worth: the gather, vectorized as far as it goes
-        from .int8_ops import elementwise_schedule
-
-        return elementwise_schedule(spec)
     vec = f"{dtype}x{LANES}"
     # entry of the table for raw byte 0 (the input value 0 - dtype_min)
     start = -int(np.iinfo(dtype).min)
