@@ -1,7 +1,8 @@
 """The cycle model (tvm_armq/cycles.py): the qemu plugin counts block executions exactly,
 llvm-mca prices blocks on a core's model, code qemu cut in pieces is priced whole, code
-above the emulated level dies (SIGILL) instead of being priced, and ``estimate`` breaks a
-model's cycles down by layer."""
+above the emulated level dies (SIGILL) instead of being priced, ``estimate`` breaks a
+model's cycles down by layer, and on several threads counts each thread's work apart with
+its waiting left out."""
 
 from __future__ import annotations
 
@@ -82,6 +83,52 @@ def test_code_qemu_cut_in_pieces_is_priced_whole():
     assert prof.cycles(_Pricer())[1] == 10 * (4 + 100) + 5 * 2
 
 
+def test_a_waiting_loop_is_left_out_of_a_thread_work():
+    # addresses in units of instructions, as the plugin gives them
+    def at(i):
+        return 0x10000 + 4 * i
+
+    # where each block starts, and the code: a loop of work; TVM's pool polling a flag,
+    # calling sched_yield through a PLT trampoline and looping back; the loop's exit
+    where = {"plt": 0, "work": 10, "poll": 20, "call": 23, "back": 25, "after": 40,
+             "yield": 50, "ret": 53}
+    insns = {
+        "work": ("add x0, x0, #1", "mul x1, x1, x2", "str x1, [x3]", "ldr x2, [x4]",
+                 "add x4, x4, #8", "subs x5, x5, #1", "b.ne #-24"),
+        "poll": ("ldarb w0, [x20]", "tst w0, #0xff", f"b.eq #{4 * (40 - 22)}"),  # to exit
+        "call": ("add w19, w19, #1", f"bl #{4 * (0 - 24)}"),                      # the PLT
+        "back": ("cmp w21, w19", f"b.ne #{4 * (20 - 26)}"),                       # the poll
+        "plt": ("adrp x16, #4096", "ldr x17, [x16, #944]", "add x16, x16, #944", "br x17"),
+        "yield": ("nop", "mov x8, #124", "svc #0"),                 # libc's sched_yield
+        "ret": ("cmn x0, #4095", "b.hs #8"),                        # what follows the call
+        "after": ("mov x0, x19", "ret"),                            # the loop's exit, once
+    }
+    ids = {name: i for i, name in enumerate(insns)}
+    blocks = {ids[n]: (at(where[n]), ()) for n in insns}
+    spins = 5000
+    counts = {ids["work"]: 7000, ids["after"]: 1, **{ids[n]: spins for n in
+                                                     ("poll", "call", "back", "plt", "yield",
+                                                      "ret")}}
+    waiting = cycles.waiting_blocks(counts, blocks, {ids[n]: insns[n] for n in insns})
+    assert waiting == {ids[n] for n in ("poll", "call", "back", "plt", "yield", "ret")}
+    # a short block of work that runs as often as the loop but is not joined to it stays
+    counts[ids["work"]] = spins
+    assert ids["work"] not in cycles.waiting_blocks(counts, blocks,
+                                                    {ids[n]: insns[n] for n in insns})
+
+
+def test_threaded_estimate_counts_each_thread_work_apart(tmp_path):
+    model = TFLiteModel.load(cli.BUNDLED_MODEL)
+    lib = export.export_aarch64(build.compile_tflite(model, "dotprod"), tmp_path / "m.so")
+    args = [(t.shape, t.dtype) for t in model.signature()[0]]
+    one = cycles.estimate(lib, "dotprod", args, layers=False)
+    two = cycles.estimate(lib, "dotprod", args, layers=False, threads=2)
+    assert len(two.work) == 2 and min(two.work) > 0.2 * one.total, two.work
+    # the same work, split (waiting left out: its spin would add host-dependent cycles)
+    assert sum(two.work) == pytest.approx(one.total, rel=0.03)
+    assert two.total == max(two.work) < 0.9 * one.total
+
+
 def test_code_above_the_level_is_refused_not_priced(tmp_path):
     model = TFLiteModel.load(zoo.build("conv2d_1x1"))
     lib = export.export_aarch64(build.compile_tflite(model, "i8mm"), tmp_path / "i8mm.so")
@@ -121,3 +168,21 @@ def test_cli_estimate_refuses_a_core_below_the_level(capsys):
     err = capsys.readouterr().err
     assert "core cortex-a72 runs ISA level neon at most" in err and "\n" == err[-1]
     assert err.count("\n") == 1
+
+
+def test_cli_estimate_on_threads_names_each_layer_busiest_thread(capsys):
+    assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--isa", "neon",
+                     "--threads", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "priced on 2 cortex-a72 cores" in out and "busiest/mean" in out
+    rows = [ln.split() for ln in out.splitlines() if ln.startswith("  tvm_armq_")]
+    assert rows and all(1.0 <= float(r[-1]) <= 2.0 for r in rows), out
+    work = out.split("Work per thread (the calling thread first): ")[1].split(";")[0]
+    work = [float(w.replace(",", "")) for w in work.split(", ")]
+    total = next(ln.split() for ln in out.splitlines() if ln.strip().startswith("total"))
+    assert len(work) == 2 and float(total[-1].replace(",", "")) == pytest.approx(max(work))
+
+
+def test_cli_estimate_refuses_no_threads(capsys):
+    assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--threads", "0"]) == cli.EXIT_USAGE
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err

@@ -9,7 +9,7 @@ tune them; manage the emulated device.
     tvm-armq device provision|start|stop|status [--isa LEVEL ...]
     tvm-armq tune MODEL.tflite --isa i8mm --trials N --work-dir DIR
                   [--measure time|cycles [--core CORE]] [--rpc-tracker HOST:PORT --key KEY]
-    tvm-armq estimate MODEL.tflite --isa i8mm [--core CORE] [--tuning DIR]
+    tvm-armq estimate MODEL.tflite --isa i8mm [--core CORE] [--tuning DIR] [--threads N]
 
 Every failure ends as one line, ``tvm-armq: error: <what, where, what to do>``, and an
 exit status that says which kind of failure it was (``--debug`` adds the traceback):
@@ -434,30 +434,45 @@ def cmd_estimate(a) -> int:
     from . import build, cycles
 
     core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
+    if a.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {a.threads}")
     model = _load(a.model)
     kernels: dict = {}
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels)
     with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
         lib = export.export_aarch64(exe, Path(tmp) / "model.so")
         args = [(t.shape, t.dtype) for t in model.signature()[0]]
-        est = cycles.estimate(lib, a.isa, args, core=core)
-    print(f"{model.label} at ISA level {a.isa}, priced on the {core} model: estimated "
-          "cycles of one run")
-    rows = [(r.function, *kernels.get(r.function, ("", "")), r.calls, r.cycles)
+        est = cycles.estimate(lib, a.isa, args, core=core, threads=a.threads)
+    threaded = est.threads > 1
+    cores = f"{est.threads} {core} cores" if threaded else f"the {core} model"
+    print(f"{model.label} at ISA level {a.isa}, priced on {cores}: estimated cycles of one "
+          "run" + (" (each layer: its busiest thread's work)" if threaded else ""))
+    rows = [(r.function, *kernels.get(r.function, ("", "")), r.calls, r.cycles, r.balance)
             for r in est.layers if not r.function.startswith("vm.builtin.")]  # bookkeeping
-    rest = est.total - sum(row[-1] for row in rows)
-    rows += [("VM and runtime", "", "", "", rest), ("total", "", "", "", est.total)]
+    rest = est.total - sum(row[4] for row in rows)
+    rows += [("VM and runtime", "", "", "", rest, None),
+             ("total" + (" (critical path)" if threaded else ""), "", "", "", est.total, None)]
     w = [max(len(str(row[i])) for row in rows + [("function", "op", "kernel")])
          for i in range(3)]
     print(f"  {'function':{w[0]}s}  {'op':{w[1]}s}  {'kernel':{w[2]}s}  calls  "
-          f"{'est. cycles':>12s}   share")
-    for name, op, kernel, calls, cyc in rows:
-        share = f"{cyc / est.total:7.1%}" if est.total and name != "total" else ""
+          f"{'est. cycles':>12s}   share" + ("  busiest/mean" if threaded else ""))
+    for name, op, kernel, calls, cyc, balance in rows:
+        share = f"{cyc / est.total:7.1%}" if est.total and balance is not None else " " * 7
+        tail = f"  {balance:13.2f}" if threaded and balance is not None else ""
         print(f"  {name:{w[0]}s}  {op:{w[1]}s}  {kernel:{w[2]}s}  {str(calls):>5s}  "
-              f"{cyc:12,.0f} {share}")
-    print(f"Assumes one {core} core, every load an L1 hit and the model's steady state per "
-          "block (llvm-mca over the blocks qemu counted); it ranks code doing the same work "
-          "and is not a time.")
+              f"{cyc:12,.0f} {share}{tail}")
+    if threaded:
+        print("Work per thread (the calling thread first): "
+              + ", ".join(f"{c:,.0f}" for c in est.work)
+              + f"; split evenly it would be {est.balanced:,.0f} per thread.")
+        print(f"Assumes {est.threads} {core} cores that never wait on memory or on each "
+              "other beyond the work each thread does (waiting is left out), every load an "
+              "L1 hit and the model's steady state per block; it ranks code doing the same "
+              "work and is not a time.")
+    else:
+        print(f"Assumes one {core} core, every load an L1 hit and the model's steady state "
+              "per block (llvm-mca over the blocks qemu counted); it ranks code doing the "
+              "same work and is not a time.")
     return 0
 
 
@@ -641,6 +656,9 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--isa", type=_isa, default="i8mm")
     _core_option(e, "the core model that prices the code")
     e.add_argument("--tuning", metavar="DIR", help="apply the database of a `tune --work-dir`")
+    e.add_argument("--threads", type=int, default=1,
+                   help="threads in TVM's pool, each counted apart on its own core "
+                        "(default 1)")
     return p
 
 

@@ -20,6 +20,10 @@ how many cycles a straight run of instructions takes on a core's scheduling mode
    from its first piece, as ``../shared/armperf`` does.
    Blocks covering the last ``1 - COVERAGE`` of executed instructions are charged the
    average cycles per instruction of the rest.
+4. On several threads (``threads=N``: TVM's pool has N threads, the calling one among
+   them) the plugin counts each guest thread apart, ``waiting_blocks`` takes out the loops
+   a thread waits in (under emulation they spin as long as the host takes to run the
+   others), and the run's figure is its critical path: the busiest thread's work.
 
 What the figure assumes: one core, every load an L1 hit, no branch mispredictions beyond
 what the model's steady state contains. It ranks implementations of the same work; it is
@@ -121,6 +125,7 @@ class Profile:
     names: list
     calls: list
     runs: int
+    per_thread: dict = dataclasses.field(default_factory=dict)  # region -> thread -> counts
 
     def library_of(self, vaddr: int) -> str:
         for lo, hi, path in self.maps:
@@ -131,13 +136,40 @@ class Profile:
     def cycles(self, pricer: "Pricer", keep=None) -> dict:
         """Estimated cycles per run of each region (``keep(library path)`` chooses the
         blocks counted: all by default)."""
-        ids = {b for per in self.counts.values() for b in per}
+        return self._priced(self.counts, pricer, keep)
+
+    def thread_cycles(self, pricer: "Pricer", keep=None) -> dict:
+        """Estimated cycles of **work** per run of each region and guest thread (region ->
+        thread -> cycles), for a profile taken with ``threads`` > 1. Waiting is left out
+        (``is_waiting``): under emulation a waiting thread spins for as long as the host
+        takes to run the others, which says nothing of the core."""
+        keys = {(r, t): per for r, threads in self.per_thread.items()
+                for t, per in threads.items()}
+        decoded = self._decoded(pricer, {b for per in keys.values() for b in per})
+        work = {}
+        for k, per in keys.items():
+            waiting = waiting_blocks(per, self.blocks, decoded)
+            work[k] = {b: c for b, c in per.items() if b not in waiting}
+        priced = self._priced(work, pricer, keep)
+        out = collections.defaultdict(dict)
+        for (region, thread), cyc in priced.items():
+            out[region][thread] = cyc
+        return dict(out)
+
+    def _decoded(self, pricer: "Pricer", ids) -> dict:
+        """Block id -> its instructions as text."""
+        decoded = pricer.decode({w for b in ids for w in self.blocks[b][1]})
+        return {b: tuple(decoded[w] for w in self.blocks[b][1]) for b in ids}
+
+    def _priced(self, counts: dict, pricer: "Pricer", keep) -> dict:
+        """Cycles per run of each key of ``counts`` (key -> block id -> executions). The
+        hot blocks and the chains are chosen over all keys together."""
+        ids = {b for per in counts.values() for b in per}
         if keep is not None:
             ids = {b for b in ids if keep(self.library_of(self.blocks[b][0]))}
-        decoded = pricer.decode({w for b in ids for w in self.blocks[b][1]})
-        insns = {b: tuple(decoded[w] for w in self.blocks[b][1]) for b in ids}
+        insns = self._decoded(pricer, ids)
         executed = collections.Counter()
-        for per in self.counts.values():
+        for per in counts.values():
             for b, c in per.items():
                 if b in ids:
                     executed[b] += c * len(insns[b])
@@ -151,11 +183,68 @@ class Profile:
         chains = _chains(hot, self.blocks, insns)
         price = pricer.cycles({*(sum((insns[b] for b in c), ()) for c in chains),
                                *(insns[b] for b in hot)})
-        out = {}
-        for region, per in self.counts.items():
-            out[region] = _region_cycles({b: c for b, c in per.items() if b in ids}, hot,
-                                         chains, insns, price) / self.runs
-        return out
+        return {key: _region_cycles({b: c for b, c in per.items() if b in ids}, hot,
+                                    chains, insns, price) / self.runs
+                for key, per in counts.items()}
+
+
+# Waiting. A thread that waits for others (TVM's pool, glibc) loops over a system call
+# (futex, sched_yield) or a wait hint, or polls an atomic flag with an acquire load, and
+# reaches the C library through PLT trampolines. Those blocks are the seeds; the rest of
+# such a loop is the short blocks around them that run as often as they do.
+_WAIT_INSTRUCTION = re.compile(r"^(svc|wfe|wfi|yield)$")
+_ACQUIRE_LOAD = re.compile(r"^(ldar|ldapr|ldaxr)\w*$")
+_PLT = ("adrp", "ldr", "add", "br")  # a PLT trampoline: x16 = &GOT slot; br x17
+SPIN_BLOCK_MAX = 6  # instructions: a block of a waiting loop is no longer than this
+SPIN_COUNT_MATCH = 0.1  # a loop's blocks run as often as each other, to within this share
+
+
+def is_waiting(insns) -> bool:
+    """Is this block (its instructions as text) a seed of waiting rather than work?"""
+    ops = [i.split()[0] for i in insns if i]
+    if any(_WAIT_INSTRUCTION.match(op) for op in ops):
+        return True
+    if tuple(ops) == _PLT:
+        return True
+    return len(ops) <= SPIN_BLOCK_MAX and any(_ACQUIRE_LOAD.match(op) for op in ops)
+
+
+def _direct_target(addr: int, insns) -> int | None:
+    """Where the block's last instruction branches or calls to, if it names the place
+    (llvm-mc prints a direct target as an offset from the instruction: ``b #-24``)."""
+    if not insns:
+        return None
+    m = re.search(r"#(-?\d+)$", insns[-1])
+    op = insns[-1].split()[0]
+    if m and (op in ("b", "bl", "cbz", "cbnz", "tbz", "tbnz") or op.startswith("b.")):
+        return addr + 4 * (len(insns) - 1) + int(m.group(1))
+    return None
+
+
+def waiting_blocks(counts: dict, blocks: dict, insns: dict) -> set:
+    """The blocks of one thread's counts (block id -> executions) that are waiting: the
+    seeds (``is_waiting``), and every short block joined to a waiting one — it starts where
+    the other ends (falls through, or is where a call returns), or one branches or calls
+    straight to the other — that ran as often as it did."""
+    start = {blocks[b][0]: b for b in counts}
+    end = {blocks[b][0] + 4 * len(insns[b]): b for b in counts}
+
+    def neighbours(b):
+        addr, n = blocks[b][0], len(insns[b])
+        out = [start.get(addr + 4 * n), end.get(addr), start.get(_direct_target(addr, insns[b]))]
+        out += [o for o in counts if _direct_target(blocks[o][0], insns[o]) == addr]
+        return [o for o in out if o is not None]
+
+    waiting = {b for b in counts if is_waiting(insns[b])}
+    todo = list(waiting)
+    while todo:
+        b = todo.pop()
+        for o in neighbours(b):
+            if (o not in waiting and len(insns[o]) <= SPIN_BLOCK_MAX
+                    and abs(counts[o] - counts[b]) <= SPIN_COUNT_MATCH * counts[b]):
+                waiting.add(o)
+                todo.append(o)
+    return waiting
 
 
 def _chains(hot: set, blocks: dict, insns: dict) -> list:
@@ -205,18 +294,22 @@ def _region_cycles(counts: dict, hot: set, chains: list, insns: dict, price: dic
 
 
 def profile(lib: Path, level: str, args, *, kind: str = "vm", entry: str = "main",
-            runs: int = 1, layers: bool = False, timeout: float = 3600.0) -> Profile:
+            runs: int = 1, layers: bool = False, threads: int = 1,
+            timeout: float = 3600.0) -> Profile:
     """Run ``lib`` (a Relax VM library, or one function of a library with ``kind="func"``)
     on ``level``'s emulated CPU under the plugin; ``args``: (shape, dtype) of each input.
     Its measured runs are region ``MEASURED``."""
     return profile_items([(lib, entry, args)], level, kind=kind, runs=runs, layers=layers,
-                         timeout=timeout)
+                         threads=threads, timeout=timeout)
 
 
 def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
-                  layers: bool = False, timeout: float = 3600.0) -> Profile:
+                  layers: bool = False, threads: int = 1,
+                  timeout: float = 3600.0) -> Profile:
     """One emulator run for several (library, entry function, args): item i's measured
-    runs are region ``MEASURED + i`` (``kind="vm"`` takes one item)."""
+    runs are region ``MEASURED + i`` (``kind="vm"`` takes one item). With ``threads`` > 1
+    TVM's pool has that many threads (the calling thread is one of them) and every guest
+    thread is counted apart (``Profile.per_thread``; thread 0 is the calling thread)."""
     device.provision()  # idempotent, quick when done; builds the plugin (blockcount.c)
     lib = items[0][0]
     with tempfile.TemporaryDirectory(prefix="tvm_armq-cycles-") as tmp:
@@ -228,13 +321,15 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
                 "names_out": str(tmp / "names.json"), "maps_out": str(tmp / "maps.txt")}
         (tmp / "spec.json").write_text(json.dumps(spec))
         out = tmp / "counts.txt"
+        plugin = f"{device.plugin_library()},out={out}" + (",threads=1" if threads > 1 else "")
         cmd = [tool("qemu-aarch64"), "-cpu", LEVELS[level].qemu_cpu,
-               "-plugin", f"{device.plugin_library()},out={out}", str(device.guest_python()),
+               "-plugin", plugin, str(device.guest_python()),
                str(GUEST_SCRIPT), str(tmp / "spec.json")]
         try:
             # a fixed hash seed: the interpreter's code between the markers runs the same
             # way each time, so one candidate measured twice costs the same cycles
-            env = {**device.guest_env(level), "PYTHONHASHSEED": "0"}
+            env = {**device.guest_env(level), "PYTHONHASHSEED": "0",
+                   "TVM_NUM_THREADS": str(threads)}
             res = subprocess.run(cmd, env=env, capture_output=True,
                                  text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -244,14 +339,16 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
             what = Path(lib).name + (f" and {len(items) - 1} more" if len(items) > 1 else "")
             raise CycleModelError(f"the counted run of {what} on {level} failed "
                                   f"(exit {res.returncode}):\n{res.stderr[-3000:]}")
-        blocks, counts = _read_counts(out)
+        blocks, counts, per_thread = _read_counts(out)
         called = (json.loads((tmp / "names.json").read_text()) if layers
                   else {"names": [], "calls": []})
         return Profile(blocks, counts, _read_maps(tmp / "maps.txt"), called["names"],
-                       [c // runs for c in called["calls"]], runs)
+                       [c // runs for c in called["calls"]], runs,
+                       per_thread if threads > 1 else {})
 
 
 def _read_counts(path: Path):
+    """Blocks, counts per region, and counts per region and guest thread."""
     blocks, counts = {}, collections.defaultdict(collections.Counter)
     for line in path.read_text().splitlines():
         part = line.split()
@@ -260,14 +357,18 @@ def _read_counts(path: Path):
             words = tuple(raw[i:i + 4] for i in range(0, len(raw) - len(raw) % 4, 4))
             blocks[int(part[1])] = (int(part[2], 16), words)
         elif part[0] == "C":
-            counts[int(part[1])][int(part[2])] += int(part[4])
+            counts[int(part[1]), int(part[3])][int(part[2])] += int(part[4])
     # a block translated twice (same code, same address) is one block to price
     first = {}
     merged = collections.defaultdict(collections.Counter)
-    for region, per in counts.items():
+    per_thread = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
+    for (region, thread), per in counts.items():
         for b, c in per.items():
-            merged[region][first.setdefault(blocks[b], b)] += c
-    return {b: blocks[b] for b in set(first.values())}, dict(merged)
+            one = first.setdefault(blocks[b], b)
+            merged[region][one] += c
+            per_thread[region][thread][one] += c
+    return ({b: blocks[b] for b in set(first.values())}, dict(merged),
+            {r: dict(t) for r, t in per_thread.items()})
 
 
 def _read_maps(path: Path) -> list:
@@ -386,28 +487,60 @@ def is_layer_code(path: str) -> bool:
 class LayerCycles:
     function: str    # the VM function called (a PrimFunc's name, or a VM builtin)
     calls: int       # calls per run
-    cycles: float    # estimated cycles per run, all its calls
+    cycles: float    # estimated cycles per run, all its calls (threaded: its busiest thread's)
+    balance: float = 1.0  # threaded: busiest thread's work / the mean over the threads
 
 
 @dataclasses.dataclass
 class Estimate:
     level: str
     core: str
-    total: float     # estimated cycles of one run of the model
+    total: float     # estimated cycles of one run (threaded: the busiest thread's work)
     layers: list     # LayerCycles, in the order of their first call
+    threads: int = 1
+    work: list = dataclasses.field(default_factory=list)  # threaded: each thread's work
+
+    @property
+    def balanced(self) -> float:
+        """The run's cycles were its work split evenly over the threads."""
+        return sum(self.work) / self.threads if self.work else self.total
 
 
 def estimate(lib: Path, level: str, args, core: str | None = None, runs: int = 1,
-             layers: bool = True) -> Estimate:
+             layers: bool = True, threads: int = 1) -> Estimate:
     """Estimated cycles of one run of a Relax VM library on ``core``'s model (default: the
-    level's core), and with ``layers`` of each VM function it calls."""
+    level's core), and with ``layers`` of each VM function it calls.
+
+    With ``threads`` > 1 TVM's pool runs that many threads on as many cores of that model
+    and each thread's work (waiting left out) is counted apart: the run's figure is the
+    critical path, the busiest thread's work, and a layer's its busiest thread's work in
+    that layer. (A static split, as TVM's parallel loops make, is the same on the core as
+    here; only its waiting depends on the host, and it is left out.)"""
     core = core_for(level, core)
-    prof = profile(lib, level, args, runs=runs, layers=layers)
+    prof = profile(lib, level, args, runs=runs, layers=layers, threads=threads)
     pricer = Pricer(core)
-    total = prof.cycles(pricer)[MEASURED] if MEASURED in prof.counts else 0.0
+    if threads == 1:
+        total = prof.cycles(pricer)[MEASURED] if MEASURED in prof.counts else 0.0
+        rows = []
+        if layers:
+            per = prof.cycles(pricer, keep=is_layer_code)
+            rows = [LayerCycles(name, calls, per.get(2 + i, 0.0))
+                    for i, (name, calls) in enumerate(zip(prof.names, prof.calls))]
+        return Estimate(level, core, total, rows)
+    work = _thread_work(prof.thread_cycles(pricer).get(MEASURED, {}), threads)
     rows = []
     if layers:
-        per = prof.cycles(pricer, keep=is_layer_code)
-        rows = [LayerCycles(name, calls, per.get(2 + i, 0.0))
-                for i, (name, calls) in enumerate(zip(prof.names, prof.calls))]
-    return Estimate(level, core, total, rows)
+        per = prof.thread_cycles(pricer, keep=is_layer_code)
+        for i, (name, calls) in enumerate(zip(prof.names, prof.calls)):
+            split = _thread_work(per.get(2 + i, {}), threads)
+            mean = sum(split) / threads
+            rows.append(LayerCycles(name, calls, max(split), max(split) / mean if mean else 1.0))
+    return Estimate(level, core, max(work), rows, threads, work)
+
+
+def _thread_work(by_thread: dict, threads: int) -> list:
+    """Each thread's work, the calling thread first; threads that did nothing count as
+    zero (the guest's thread ids are qemu's vCPU numbers, not 0..N-1)."""
+    work = [by_thread.get(0, 0.0)] + sorted((c for t, c in by_thread.items() if t != 0),
+                                            reverse=True)
+    return (work + [0.0] * threads)[:max(threads, len(work))]
