@@ -76,11 +76,17 @@ def sample_conv2d_gemm(sch, plan: GemmPlan, target) -> None:
         raise ValueError(f"sample_conv2d_gemm: {main.kernel.name} is the scalar reference; "
                          "the design space is for tensorized micro-kernels")
 
+    def max_inner(knob):
+        # the space always holds the plan's own knobs: a tuned layer is never slower
+        # than its default for want of the default being a candidate (a 7 x 7 layer at
+        # i8mm: 25 row blocks, default m_tiles 5, which a bound of 4 left out)
+        return max(SAMPLE_MAX_INNER[knob], getattr(main.knobs, knob))
+
     def sampled_tile(loop, knob):
         if main.window is not None and knob == "n_tiles":
             return [None, direct_n_tiles(sch.get(loop).extent.value, main.kernel)]
         return list(sch.sample_perfect_tile(loop, n=2,
-                                            max_innermost_factor=SAMPLE_MAX_INNER[knob]))
+                                            max_innermost_factor=max_inner(knob)))
 
     _schedule_part(sch, plan, main, sampled_tile, target)
     if plan.tail is not None:

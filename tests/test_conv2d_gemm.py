@@ -485,6 +485,29 @@ def test_sample_conv2d_gemm_with_row_tail_on_device(run_funcs, level, tmp_path, 
            f"{distinct} distinct schedules of {len(SEEDS)} seeds bit-exact")
 
 
+@pytest.mark.parametrize("level", LEVELS)
+def test_design_space_holds_the_default_knobs(level):
+    """Every sampled knob may take the plan's own value: a tuned layer cannot end up slower
+    than its default because the default was not a candidate (MobileNetV2's 7 x 7 layers at
+    i8mm: 25 row blocks, default m_tiles 5, once outside a space bounded at 4)."""
+    from tvm import s_tir
+
+    target = targets.resolve(level)
+    for shape in (S(1, 7, 7, 160, 960, 1, 1), SAMPLED_CASE.shape, SAMPLED_TAIL_CASE.shape):
+        kernel = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
+        plan = gemm_plan.plan(shape, kernel)
+        sch = s_tir.Schedule(gemm_compute.conv2d_gemm_func(plan, **_quant(SAMPLED_CASE)))
+        gemm_schedule.sample_conv2d_gemm(sch, plan, target)
+        samples = [i for i in sch.trace.insts if i.kind.name == "SamplePerfectTile"]
+        knobs = plan.main.knobs
+        wanted = [knobs.m_tiles, knobs.n_tiles] if plan.main.window is None else [knobs.m_tiles]
+        if plan.main.form == kernels.BLOCK:
+            wanted.append(knobs.k_unroll)
+        bounds = [int(i.attrs[1]) for i in samples]
+        assert len(bounds) == len(wanted), (shape, bounds, wanted)
+        assert all(b >= w for b, w in zip(bounds, wanted)), (shape, level, bounds, wanted)
+
+
 @pytest.mark.parametrize("level", ["neon", "dotprod"])
 def test_direct_read_design_space_on_device(run_funcs, level, tmp_path, report):
     """The design space of a layer read in place: m_tiles sampled, n_tiles fixed (the
