@@ -141,7 +141,7 @@ class Profile:
     def thread_cycles(self, pricer: "Pricer", keep=None) -> dict:
         """Estimated cycles of **work** per run of each region and guest thread (region ->
         thread -> cycles), for a profile taken with ``threads`` > 1. Waiting is left out
-        (``is_waiting``): under emulation a waiting thread spins for as long as the host
+        (``waiting_blocks``): under emulation a waiting thread spins for as long as the host
         takes to run the others, which says nothing of the core."""
         keys = {(r, t): per for r, threads in self.per_thread.items()
                 for t, per in threads.items()}
@@ -228,12 +228,15 @@ def waiting_blocks(counts: dict, blocks: dict, insns: dict) -> set:
     straight to the other — that ran as often as it did."""
     start = {blocks[b][0]: b for b in counts}
     end = {blocks[b][0] + 4 * len(insns[b]): b for b in counts}
+    target = {b: _direct_target(blocks[b][0], insns[b]) for b in counts}
+    branching_to = collections.defaultdict(list)
+    for b, t in target.items():
+        branching_to[t].append(b)
 
     def neighbours(b):
         addr, n = blocks[b][0], len(insns[b])
-        out = [start.get(addr + 4 * n), end.get(addr), start.get(_direct_target(addr, insns[b]))]
-        out += [o for o in counts if _direct_target(blocks[o][0], insns[o]) == addr]
-        return [o for o in out if o is not None]
+        out = [start.get(addr + 4 * n), end.get(addr), start.get(target[b])]
+        return [o for o in out if o is not None] + branching_to.get(addr, [])
 
     waiting = {b for b in counts if is_waiting(insns[b])}
     todo = list(waiting)
