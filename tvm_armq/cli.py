@@ -456,8 +456,8 @@ def cmd_estimate(a) -> int:
          for i in range(3)]
     print(f"  {'function':{w[0]}s}  {'op':{w[1]}s}  {'kernel':{w[2]}s}  calls  "
           f"{'est. cycles':>12s}   share" + ("  busiest/mean" if threaded else ""))
-    for name, op, kernel, calls, cyc, balance in rows:
-        share = f"{cyc / est.total:7.1%}" if est.total and balance is not None else " " * 7
+    for i, (name, op, kernel, calls, cyc, balance) in enumerate(rows):
+        share = f"{cyc / est.total:7.1%}" if est.total and i < len(rows) - 1 else " " * 7
         tail = f"  {balance:13.2f}" if threaded and balance is not None else ""
         print(f"  {name:{w[0]}s}  {op:{w[1]}s}  {kernel:{w[2]}s}  {str(calls):>5s}  "
               f"{cyc:12,.0f} {share}{tail}")
@@ -465,14 +465,12 @@ def cmd_estimate(a) -> int:
         print("Work per thread (the calling thread first): "
               + ", ".join(f"{c:,.0f}" for c in est.work)
               + f"; split evenly it would be {est.balanced:,.0f} per thread.")
-        print(f"Assumes {est.threads} {core} cores that never wait on memory or on each "
-              "other beyond the work each thread does (waiting is left out), every load an "
-              "L1 hit and the model's steady state per block; it ranks code doing the same "
-              "work and is not a time.")
-    else:
-        print(f"Assumes one {core} core, every load an L1 hit and the model's steady state "
-              "per block (llvm-mca over the blocks qemu counted); it ranks code doing the "
-              "same work and is not a time.")
+    cores = (f"{est.threads} {core} cores that never wait on memory or on each other beyond "
+             "the work each thread does (waiting is left out)" if threaded
+             else f"one {core} core")
+    print(f"Assumes {cores}, every load an L1 hit and the model's steady state per block "
+          "(llvm-mca over the blocks qemu counted); it ranks code doing the same work and is "
+          "not a time.")
     return 0
 
 
