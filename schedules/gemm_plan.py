@@ -19,6 +19,8 @@ The policy, with the measurements behind each constant:
     read in place or pack   ``reads_input_directly``: K >= DIRECT_MIN_K, or few column
                             passes, or a widening kernel on a pointwise layer
     row tail                ``tail_kernel``: at most TAIL_MAX_SHARE of mr rows left over
+    parallel tasks          ``row_chunks``: macro-tile columns, times row chunks where a
+                            layer has fewer than SPLIT_MIN_COLUMN_BLOCKS channel blocks
     knobs                   ``default_knobs``: a register model of the K loop and the
                             epilogue on the 32 NEON registers, fed by the kernel's ``Cost``
 """
@@ -36,6 +38,24 @@ from .gemm_layout import (ROWS, Conv2DShape, RowsCopy, ceil_div, direct_window, 
 
 # Suffix of a row tail's stage names (A_packed_tail, gemm_tail, output_tail).
 TAIL = "_tail"
+
+# A GEMM's parallel tasks are its macro-tile columns (output-channel blocks, n_tiles * nr
+# channels each), so a column's per-channel epilogue operands and B blocks are loaded once
+# per task. TVM's pool hands a parallel loop of E iterations to N threads as chunks of
+# ceil(E / N): a layer of few channels has too few columns to go round (MobileNetV2's
+# 32 -> 16 projection at 112 x 112 is one column and ran on one thread of two; measured
+# with `estimate --threads 2`). A layer with fewer channel blocks than
+# SPLIT_MIN_COLUMN_BLOCKS also cuts its rows into ``row_chunks`` chunks, each a task per
+# column: a divisor of its row blocks (the chunks are equal and the tiles need no
+# predicate), at most ROW_CHUNKS_MAX, leaving each chunk ROW_CHUNK_MIN_BLOCKS row blocks or
+# more (room for the m_tiles knob to choose from), a multiple of 4 where one divides, else
+# of 2 (so 2 and 4 threads get equal shares). A task is a run of macro tiles: each task
+# allocates its accumulator tile once (TVM puts a buffer used inside a parallel loop in
+# the loop's body; one tile per task had doubled the 1-thread cycles of MobileNetV1
+# 0.25's 8 -> 16 layer with a workspace allocation per tile).
+SPLIT_MIN_COLUMN_BLOCKS = 8
+ROW_CHUNKS_MAX = 16
+ROW_CHUNK_MIN_BLOCKS = 4
 
 
 # Smallest K at which a GEMM reads its input in place rather than packing it (pointwise
@@ -327,6 +347,7 @@ class GemmPlan:
     input_copy: str | None
     rows_copy: RowsCopy | None
     parallel: bool
+    row_chunks: int = 1  # the main GEMM's parallel tasks: its columns times this
 
     @property
     def kernel(self) -> Kernel:
@@ -382,4 +403,19 @@ def plan(shape: Conv2DShape, kernel: Kernel, *, knobs: GemmKnobs | None = None,
                      None, parallel, TAIL)
     copy = input_copy(shape, kernel.kr, kernel.a_dtype, main.window is not None)
     rows = rows_copy(shape, kernel.kr, kernel.a_dtype) if copy == ROWS else None
-    return GemmPlan(shape, main, tail, copy, rows, parallel)
+    chunks = row_chunks(shape, kernel, main_rows) if parallel else 1
+    return GemmPlan(shape, main, tail, copy, rows, parallel, chunks)
+
+
+def row_chunks(shape: Conv2DShape, kernel: Kernel, rows: int) -> int:
+    """How many chunks the main GEMM's ``rows`` are cut into for its parallel tasks (a
+    task per chunk and macro-tile column): 1 where the layer has SPLIT_MIN_COLUMN_BLOCKS
+    channel blocks or more, else the divisor of its row blocks described at
+    SPLIT_MIN_COLUMN_BLOCKS. Decided from the layer alone, so a tuning trace (whose m_tiles
+    then divides a chunk) replays for any sampled tile."""
+    if ceil_div(shape.gemm_n, kernel.nr) >= SPLIT_MIN_COLUMN_BLOCKS:
+        return 1
+    blocks = ceil_div(rows, kernel.mr)
+    most = min(blocks // ROW_CHUNK_MIN_BLOCKS, ROW_CHUNKS_MAX)
+    divisors = [d for d in range(1, most + 1) if blocks % d == 0] or [1]
+    return max(divisors, key=lambda d: (d % 4 == 0, d % 2 == 0, d))

@@ -22,9 +22,10 @@ def schedule_conv2d_gemm(func, plan: GemmPlan, target=None):
     GEMM tiles computed where the epilogue consumes them.
 
     Loop nest of the result, per group g and macro tile (no, mo) of
-    (m_tiles * mr) x (n_tiles * nr) outputs:
+    (m_tiles * mr) x (n_tiles * nr) outputs; a task per macro-tile column no and chunk of
+    rows (``GemmPlan.row_chunks``, 1 but for layers of few channels):
 
-        for no (parallel):                    A_packed is built up front, rows in parallel
+      for chunk, no (fused, parallel):        A_packed is built up front, rows in parallel
           for mo:                             (per-channel epilogue operands hoisted here)
             acc[m_tiles, n_tiles, mr, nr] = 0      one macro tile, never a layer-sized tensor
             for kb in K/kr (unrolled by k_unroll):
@@ -130,6 +131,10 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     # K_LOOP form), so its partial sums stay in registers across K; K is then unrolled
     # inside the instruction sequence and the k_unroll knob does not apply.
     whole_k = form == kernels.K_LOOP
+    # a layer of few channels: its row chunks (GemmPlan.row_chunks) outermost, each a run
+    # of whole macro tiles (the chunks divide the row blocks)
+    chunks = plan.row_chunks if part is plan.main else 1
+    chunk, mo = sch.split(mo, [chunks, None])
     mo, ti = sch.split(mo, tile(mo, "m_tiles"))
     no, tj = sch.split(no, tile(no, "n_tiles"))
     # Macro-tile columns outside, rows inside: the epilogue's per-channel parameters
@@ -139,14 +144,14 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     if direct:
         # One K loop per row of micro-tiles, all n_tiles of the row inside the intrinsic
         # (they share each A row load); k_unroll does not apply.
-        sch.reorder(no, mo, ti, tj, *k_loops[:-1], i, j, kk)
+        sch.reorder(chunk, no, mo, ti, tj, *k_loops[:-1], i, j, kk)
         k_outer, unrolled = tj, (ti,)
     elif whole_k:
-        sch.reorder(no, mo, ti, tj, kb, i, j, kk)
+        sch.reorder(chunk, no, mo, ti, tj, kb, i, j, kk)
         k_outer, unrolled = kb, (ti, tj)
     else:
         kb_o, kb_i = sch.split(kb, tile(kb, "k_unroll"))
-        sch.reorder(no, mo, kb_o, kb_i, ti, tj, i, j, kk)
+        sch.reorder(chunk, no, mo, kb_o, kb_i, ti, tj, i, j, kk)
         k_outer, unrolled = kb_o, (kb_i, ti, tj)
     # The epilogue of a macro tile runs right after its K loop, so its accumulators are
     # dead afterwards and buffer compaction shrinks them to one macro tile.
@@ -168,7 +173,7 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
         if parallel:
             sch.parallel(rows)
     if parallel:  # before the reduction is split in init + update (parallel rejects it)
-        sch.parallel(no)
+        sch.parallel(sch.fuse(chunk, no))  # a task per (row chunk, column)
         if a_packed is not None:
             sch.parallel(sch.get_loops(a_packed)[1])
     sch.decompose_reduction(gemm, k_outer)

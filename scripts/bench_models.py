@@ -84,7 +84,8 @@ def main() -> int:
     a = ap.parse_args()
     armperf_tool.require(ap, a.armperf)
 
-    builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl)}
+    # the library asks for the pool it is measured on (``compile_tflite(threads=N)``)
+    builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl, threads=a.threads)}
     if not a.no_stock:
         builders["stock_tvm"] = compile_stock
     rows = []

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from . import targets
+from . import threads as pool
 from .export import export_aarch64
 from .portable import SELECTOR, level_name
 from .report import Fallback
@@ -44,7 +45,8 @@ class TuningTargetMismatch(ValueError):
 
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
                    report: list | None = None, strict: bool = False,
-                   kernels: dict | None = None):
+                   kernels: dict | None = None, threads: int | None = None,
+                   cores: str = "big"):
     """Import a TFLite model and compile it for ``target``; returns the executable.
 
     For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
@@ -58,7 +60,10 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     (``tvm_armq.kernel``, and ``tvm_armq.op`` or ``tvm_armq.layer_op``): what a
     per-function profile names layers by.
     ``precision="bf16"`` also runs the fp32 conv2d / dense of a float model as bf16 GEMMs
-    (``bfmmla``, weights rounded to bf16 at compile time; needs +bf16, the i8mm level). Any other
+    (``bfmmla``, weights rounded to bf16 at compile time; needs +bf16, the i8mm level).
+    ``threads``: the library sets the runtime's thread pool of the thread that runs it to
+    that many threads on the fastest cores, or with ``cores="little"`` the slowest
+    (``threads.py``); None leaves the pool as TVM's runtime sizes it. Any other
     target compiles with stock TVM, exactly as ``tvm.compile`` would.
     """
     import tvm
@@ -67,6 +72,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
 
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    pool.check(threads, cores)
     tgt = targets.resolve(target)
     if strict and not hooks.applies_to(tgt):
         raise UnsupportedTarget(
@@ -83,9 +89,10 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 "precision int8")
     mod = import_tflite(model)
     if not hooks.applies_to(tgt):
-        if tuning_database is not None or precision != "int8":
+        if tuning_database is not None or precision != "int8" or threads is not None:
             raise UnsupportedTarget(
-                f"tuning databases and precision={precision!r} need an aarch64 LLVM target "
+                f"tuning databases, threads and precision={precision!r} need an aarch64 LLVM "
+                "target "
                 f"(tvm_armq's kernels); {targets.describe(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
     layers = [] if report is None else report
@@ -119,6 +126,8 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             if "tvm_armq.kernel" in attrs:  # a GEMM's op attribute, or the layer's op
                 op = attrs.get("tvm_armq.op", attrs.get("tvm_armq.layer_op", ""))
                 kernels[gv.name_hint] = (str(op), str(attrs["tvm_armq.kernel"]))
+    if threads is not None:
+        mod = pool.configure_pool(mod, threads, cores)
     executable = tvm.compile(mod, target=tgt, relax_pipeline=hooks.stock_pipeline())
     if variants is not None:
         variants.link(executable)

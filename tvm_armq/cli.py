@@ -3,6 +3,7 @@ tune them; manage the emulated device.
 
     tvm-armq compile MODEL.tflite --isa i8mm [-o MODEL.so] [--force] [--tuning DIR]
                                   [--precision int8|bf16] [--strict]
+                                  [--threads N [--cores big|little]]
     tvm-armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
     tvm-armq run [MODEL.tflite] --isa i8mm [--device HOST:PORT[:KEY]] [--tolerance N]
     tvm-armq diff MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]] [--stock]
@@ -48,6 +49,7 @@ from pathlib import Path
 
 from . import export, targets
 from .targets import LEVELS
+from .threads import CORES
 
 PROG = "tvm-armq"
 BUNDLED_MODEL = Path(__file__).parent / "models" / "mobilenet_v1_0.25.tflite"
@@ -209,10 +211,15 @@ def cmd_compile(a) -> int:
     model = _load(a.model)
     out = _output_path(a, model)
     report: list = []
+    if a.threads is not None and a.threads < 1:
+        raise UsageError(f"--threads must be at least 1, got {a.threads}")
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
-                               precision=a.precision, report=report, strict=a.strict)
+                               precision=a.precision, report=report, strict=a.strict,
+                               threads=a.threads, cores=a.cores)
     lib = export.export_aarch64(exe, out)
-    print(f"wrote {lib} (aarch64, ISA level {a.isa})\n{_kernel_summary(report)}")
+    pool = ("" if a.threads is None else
+            f", {a.threads} thread{'s' if a.threads > 1 else ''} on the {a.cores} cores")
+    print(f"wrote {lib} (aarch64, ISA level {a.isa}{pool})\n{_kernel_summary(report)}")
     if _tuning_dir(a):
         from . import tuning
 
@@ -438,7 +445,10 @@ def cmd_estimate(a) -> int:
         raise UsageError(f"--threads must be at least 1, got {a.threads}")
     model = _load(a.model)
     kernels: dict = {}
-    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels)
+    # the library asks for the pool it is priced on (TVM's own default would stop at the
+    # host's core count)
+    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels,
+                               threads=a.threads)
     with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
         lib = export.export_aarch64(exe, Path(tmp) / "model.so")
         args = [(t.shape, t.dtype) for t in model.signature()[0]]
@@ -580,6 +590,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--precision", choices=["int8", "bf16"], default="int8",
                    help="bf16: float conv2d/dense of a float model run as bf16 GEMMs "
                         "(needs +bf16, the i8mm level)")
+    c.add_argument("--threads", type=int, metavar="N",
+                   help="the library runs on N threads (TVM's pool, the calling thread one "
+                        "of them; default: as TVM's runtime sizes its pool)")
+    c.add_argument("--cores", choices=list(CORES), default="big",
+                   help="with --threads: pin the threads to the fastest cores (big) or the "
+                        "slowest (little)")
 
     i = command("inspect", cmd_inspect,
                 help="per layer: op, shapes, the kernel chosen or why not")

@@ -13,7 +13,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from . import portable
+from . import portable, threads
 
 CROSS_CXX = "aarch64-linux-gnu-g++"
 
@@ -50,8 +50,12 @@ def export_aarch64(executable, path: str | os.PathLike) -> Path:
             # (portable.py); a few hundred bytes in the others
             select = Path(work) / "tvm_armq_select.cc"
             select.write_text(portable.SELECT_SOURCE)
+            # and tvm_armq_pool_unconfigured(), which a library compiled with threads=N
+            # calls (threads.py)
+            guard = Path(work) / "tvm_armq_pool.cc"
+            guard.write_text(threads.GUARD_SOURCE)
             executable.export_library(tmp, fcompile=cc.cross_compiler(CROSS_CXX),
-                                      addons=[str(select)])
+                                      addons=[str(select), str(guard)])
         os.chmod(tmp, LIBRARY_MODE & ~_umask())  # mkstemp's file is private; a library is not
         os.replace(tmp, path)
     except OSError as e:

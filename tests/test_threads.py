@@ -1,0 +1,141 @@
+"""A model's thread pool (``compile_tflite(..., threads=N, cores=...)``, ``tvm_armq/threads.py``).
+
+A net compiled with ``threads=2`` runs on the emulated device in a process whose runtime
+could have more threads (``TVM_NUM_THREADS=4``): it must set its pool to 2 and give
+TFLite's reference outputs bit for bit, at every level (and on 3 threads at one). The GEMMs of few channels split
+their rows there too (``GemmPlan.row_chunks``): MobileNetV1 0.25's 8- and 16-channel
+layers. The pieces are checked apart: the call ``main`` makes first, the once-per-thread
+guard (compiled for the host and called), the refusals.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import subprocess
+import textwrap
+
+import numpy as np
+import pytest
+from armq_checks import output_pairs
+
+from tvm_armq import build, cli, device, export, threads, zoo
+from tvm_armq.schedules import gemm_plan
+from tvm_armq.tflite_import import import_tflite
+from tvm_armq.tflite_model import TFLiteModel
+
+NET = "mobilenet_v1_0.25"
+SEEDS = (0, 1)
+
+GUEST_RUN = """
+import json, sys
+import numpy as np, tvm
+from tvm.runtime.vm import VirtualMachine
+spec = json.load(open(sys.argv[1]))
+vm = VirtualMachine(tvm.runtime.load_module(spec["lib"]), tvm.cpu())
+for i, names in enumerate(spec["inputs"]):
+    out = vm["main"](*[tvm.runtime.tensor(np.load(n)) for n in names])
+    outs = [out] if hasattr(out, "numpy") else list(out)  # one tensor, or a tuple of them
+    for j, o in enumerate(outs):
+        np.save(f"{spec['out']}_{i}_{j}.npy", o.numpy())
+print(json.dumps({"pool": tvm.get_global_func("runtime.NumThreads")(), "outputs": len(outs)}))
+"""
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("lvl,pool", [(lvl, 2) for lvl in device.LEVELS] + [("dotprod", 3)])
+def test_net_on_threads_is_bit_exact(lvl, pool, tmp_path):
+    """2 threads at every level; 3 at one, which is not what the runtime would choose by
+    itself here (TVM_NUM_THREADS=4, and on this machine's two cores it would take 2)."""
+    model = TFLiteModel.load(zoo.build(NET))
+    lib = export.export_aarch64(build.compile_tflite(model, lvl, threads=pool),
+                                tmp_path / "m.so")
+    inputs, expected = [], []
+    for seed in SEEDS:
+        x = model.random_inputs(seed=seed)
+        names = []
+        for k, a in enumerate(x):
+            np.save(tmp_path / f"in_{seed}_{k}.npy", a)
+            names.append(str(tmp_path / f"in_{seed}_{k}.npy"))
+        inputs.append(names)
+        expected.append(model.reference_outputs(x))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"lib": str(lib), "inputs": inputs, "out": str(tmp_path / "out")}))
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(GUEST_RUN))
+    device.provision()
+    env = {**device.guest_env(lvl), "TVM_NUM_THREADS": "4"}  # room for more than asked
+    res = subprocess.run(device.guest_command(lvl, str(script), str(spec)), env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ran = json.loads(res.stdout.strip().splitlines()[-1])
+    assert ran["pool"] == pool, f"{NET} compiled with threads={pool} ran on {ran['pool']}"
+    for i, seed in enumerate(SEEDS):
+        got = [np.load(tmp_path / f"out_{i}_{j}.npy") for j in range(ran["outputs"])]
+        what = f"{NET} at {lvl} on {pool} threads, seed {seed}"
+        for _, _, diff in output_pairs(got, expected[i], what):
+            assert diff.max() == 0, f"{what}: {int((diff > 0).sum())} elements differ"
+
+
+def test_few_channel_layers_split_rows_as_well():
+    """The net above reaches the row split: its 8- and 16-channel GEMMs cut their rows into
+    equal chunks (a multiple of 4 where one divides), wider layers split columns only."""
+    from tvm_armq import targets
+    from tvm_armq.intrinsics import kernels
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
+
+    k = kernels.select(targets.resolve("dotprod"), "int8", "int8")
+    few = gemm_plan.plan(Conv2DShape(1, 112, 112, 8, 16, 1, 1), k)
+    assert few.row_chunks == gemm_plan.ROW_CHUNKS_MAX
+    assert ((112 * 112) // k.mr) % few.row_chunks == 0
+    wide = gemm_plan.plan(Conv2DShape(1, 14, 14, 128, 128, 1, 1), k)
+    assert wide.row_chunks == 1
+    # 7 x 7 = 49 pixels in 12 row blocks of 4 (and a tail): at least 4 blocks per chunk
+    # leaves 1, 2 or 3 chunks, of which 2 splits evenly
+    small = gemm_plan.plan(Conv2DShape(1, 7, 7, 8, 16, 1, 1), k)
+    assert small.row_chunks == 2
+    serial = gemm_plan.plan(Conv2DShape(1, 112, 112, 8, 16, 1, 1), k, parallel=False)
+    assert serial.row_chunks == 1
+
+
+def test_main_configures_the_pool_first():
+    mod = import_tflite(TFLiteModel.load(zoo.build("conv2d_1x1")))
+    mod = threads.configure_pool(mod, 3, "little")
+    main = mod["main"]
+    assert not main.is_pure
+    first = main.body.blocks[0].bindings[0].value
+    assert threads.POOL_FUNC in str(first.op)
+    script = mod[threads.POOL_FUNC].script()
+    assert '"runtime.config_threadpool", -1, 3' in script  # kLittle, 3 threads
+    assert f'"{threads.GUARD}", -1, 3' in script
+
+
+def test_guard_serves_each_thread_once_per_request(tmp_path):
+    """GUARD_SOURCE compiled for the host: 1 on a thread's first request, 0 while it asks
+    the same, 1 again for another request, and 1 on a new thread."""
+    src = tmp_path / "guard.cc"
+    src.write_text(threads.GUARD_SOURCE)
+    so = tmp_path / "guard.so"
+    subprocess.run(["g++", "-shared", "-fPIC", "-o", str(so), str(src)], check=True)
+    guard = getattr(ctypes.CDLL(str(so)), threads.GUARD)
+    assert [guard(1, 2), guard(1, 2), guard(1, 2)] == [1, 0, 0]
+    assert [guard(-1, 2), guard(1, 4), guard(1, 4)] == [1, 1, 0]
+    import threading
+
+    seen = []
+    t = threading.Thread(target=lambda: seen.append(guard(1, 4)))
+    t.start()
+    t.join()
+    assert seen == [1]
+
+
+def test_refusals(capsys):
+    with pytest.raises(ValueError, match="threads must be a whole number of at least 1"):
+        build.compile_tflite(zoo.build("conv2d_1x1"), "dotprod", threads=0)
+    with pytest.raises(ValueError, match="cores 'medium'"):
+        build.compile_tflite(zoo.build("conv2d_1x1"), "dotprod", threads=2, cores="medium")
+    with pytest.raises(build.UnsupportedTarget, match="threads"):
+        build.compile_tflite(zoo.build("conv2d_1x1"), "llvm", threads=2)
+    assert cli.main(["compile", str(zoo.build("conv2d_1x1")), "--threads", "0"]) == \
+        cli.EXIT_USAGE
+    assert "--threads must be at least 1, got 0" in capsys.readouterr().err
