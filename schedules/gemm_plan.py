@@ -54,7 +54,7 @@ TAIL = "_tail"
 # the loop's body; one tile per task had doubled the 1-thread cycles of MobileNetV1
 # 0.25's 8 -> 16 layer with a workspace allocation per tile).
 SPLIT_MIN_COLUMN_BLOCKS = 8
-ROW_CHUNKS_MAX = 16
+ROW_CHUNKS_MAX = 8
 ROW_CHUNK_MIN_BLOCKS = 4
 
 

@@ -84,8 +84,10 @@ def main() -> int:
     a = ap.parse_args()
     armperf_tool.require(ap, a.armperf)
 
-    # the library asks for the pool it is measured on (``compile_tflite(threads=N)``)
-    builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl, threads=a.threads)}
+    # on several threads the library asks for the pool it is measured on
+    # (``compile_tflite(threads=N)``); on one it is what `compile` writes by default
+    pool = a.threads if a.threads > 1 else None
+    builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl, threads=pool)}
     if not a.no_stock:
         builders["stock_tvm"] = compile_stock
     rows = []
