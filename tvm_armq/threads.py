@@ -7,7 +7,8 @@ with ``threads=N`` sets its pool itself: its ``main`` first calls the library fu
 ``tvm_armq_configure_pool`` (``pool_func``), which asks the runtime for N threads
 (``runtime.config_threadpool``) on the fastest cores (``cores="big"``, the default) or
 the slowest (``cores="little"``: TVM's affinity modes 1 and -1), each worker pinned to
-one core, the calling thread being one of the N. It does so once per calling thread:
+one core where the machine has as many cores as the pool has threads (else TVM warns and
+leaves them unpinned), the calling thread being one of the N. It does so once per calling thread:
 ``tvm_armq_pool_unconfigured`` (``GUARD_SOURCE``, a few lines of C++ linked into every
 library by ``export.export_aarch64``) remembers per thread the request it last served,
 so later runs cost a call and a compare, not a system call per worker.
@@ -46,7 +47,7 @@ def check(threads: int | None, cores: str) -> None:
     """Refuse a pool no runtime can give, naming what is wrong."""
     if cores not in CORES:
         raise ValueError(f"cores {cores!r}: expected one of {', '.join(CORES)}")
-    if threads is not None and (not isinstance(threads, int) or threads < 1):
+    if threads is not None and (type(threads) is not int or threads < 1):  # not a bool
         raise ValueError(f"threads must be a whole number of at least 1, got {threads!r}")
 
 
