@@ -162,6 +162,12 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _at_least_one(option: str, value: int | None) -> None:
+    """A count option (``--threads``, ``--trials``) given as 0 or less is a usage error."""
+    if value is not None and value < 1:
+        raise UsageError(f"{option} must be at least 1, got {value}")
+
+
 def _positive_float(text: str) -> float:
     try:
         value = float(text)
@@ -211,8 +217,7 @@ def cmd_compile(a) -> int:
     model = _load(a.model)
     out = _output_path(a, model)
     report: list = []
-    if a.threads is not None and a.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {a.threads}")
+    _at_least_one("--threads", a.threads)
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
                                precision=a.precision, report=report, strict=a.strict,
                                threads=a.threads, cores=a.cores)
@@ -441,8 +446,7 @@ def cmd_estimate(a) -> int:
     from . import build, cycles
 
     core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
-    if a.threads < 1:
-        raise UsageError(f"--threads must be at least 1, got {a.threads}")
+    _at_least_one("--threads", a.threads)
     model = _load(a.model)
     kernels: dict = {}
     # on several threads the library asks for the pool it is priced on (TVM's own default
@@ -490,8 +494,7 @@ def cmd_tune(a) -> int:
     from . import device, tuning
 
     model = _load(a.model)
-    if a.trials < 1:
-        raise UsageError(f"--trials must be at least 1, got {a.trials}")
+    _at_least_one("--trials", a.trials)
     tracker = a.rpc_tracker
     if a.rpc_tracker and a.key:
         tracker = f"{a.rpc_tracker}:{a.key}"
