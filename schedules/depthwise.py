@@ -159,6 +159,42 @@ def default_padded_copy(shape: DepthwiseShape) -> bool:
             and shape.taps >= PADDED_COPY_MIN_TAPS)
 
 
+# Pool sizes a multiplier-1 layer read in place is balanced for. The pool's size is known
+# only when the library runs, so the parallel axis is the one whose busiest thread is
+# closest to the mean at every size here (``default_parallel_axis``).
+BALANCE_THREADS = (2, 4)
+
+
+def _busiest_over_mean(loops, threads: int) -> float:
+    """The busiest thread's share of the work over the mean, for a run of loops each
+    given as (tasks, parallel): a parallel loop hands every thread a contiguous run of
+    ceil(tasks / threads) tasks, the calling thread the first; a serial one runs on the
+    calling thread alone. Tasks are taken as equal work."""
+    busiest = sum(-(-tasks // threads) if par else tasks for tasks, par in loops)
+    return busiest * threads / sum(tasks for tasks, _ in loops)
+
+
+def default_parallel_axis(shape: DepthwiseShape, channel_block: int,
+                          parallel_min_rows: int = 2) -> str:
+    """What the in-place form (multiplier 1, ``_schedule_direct``) runs in parallel:
+    "rows", each row region its own parallel loop (a region of fewer than
+    ``parallel_min_rows`` rows - a one-row border - runs on the calling thread), or
+    "channels", one parallel loop over channel blocks with every region inside (only
+    when the blocks cover the channels, C % cb == 0). Rows unless channel blocks split
+    more evenly at some pool size of ``BALANCE_THREADS`` and no worse at the others: on
+    the 14x14 and 7x7 maps the border rows are a seventh to two fifths of the work, and
+    the channels (8 to 60 blocks) split with none left over."""
+    s = shape
+    regions = _regions(s.out_h, s.in_h, s.padding[0], s.kh, s.strides[0], s.dilation[0])
+    rows = [(r, r >= max(parallel_min_rows, 2)) for r in regions]
+    if s.multiplier != 1 or s.channels % channel_block:
+        return "rows"
+    blocks = [(s.channels // channel_block, True)]
+    by_rows = [_busiest_over_mean(rows, t) for t in BALANCE_THREADS]
+    by_blocks = [_busiest_over_mean(blocks, t) for t in BALANCE_THREADS]
+    return "channels" if max(by_blocks) < max(by_rows) else "rows"
+
+
 def padded_channels(shape: DepthwiseShape, channel_block: int) -> int:
     """C_pad: C for multiplier 1 (no padding); else C rounded up to the channel block."""
     if shape.multiplier == 1:
@@ -346,7 +382,7 @@ def _partition(sch, blocks, prefix: str, sizes):
 
 def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None = None,
                        parallel: bool = True, parallel_min_rows: int = 2,
-                       padded_copy: bool | None = None):
+                       padded_copy: bool | None = None, parallel_axis: str | None = None):
     """Schedule ``depthwise_func(shape, ...)`` (built with the same ``channel_block``).
 
     The loop nests are in the module docstring: multiplier 1 reads the input directly,
@@ -360,12 +396,21 @@ def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None
     hands each thread one contiguous run of rows, so rows per task need no knob.)
     ``padded_copy`` (multiplier 1 with padding): read a padded copy of the input instead
     of the input in place with border regions; None: ``default_padded_copy``.
+    ``parallel_axis`` of the in-place form: "rows" or "channels" (channel blocks, every
+    row region inside; needs C % cb == 0); None: ``default_parallel_axis``. The other
+    forms' loops over rows are parallel.
     """
     from tvm import s_tir
 
     s = shape
     sch = s_tir.Schedule(func)
     cb = channel_block or default_channel_block(s)
+    if parallel_axis not in (None, "rows", "channels"):
+        raise ValueError(f"depthwise: parallel_axis={parallel_axis!r}, not rows or channels")
+    if parallel_axis == "channels" and (s.multiplier != 1 or s.channels % cb):
+        raise ValueError(f"depthwise: parallel_axis='channels' needs multiplier 1 and "
+                         f"channels in whole blocks of {cb}; the layer has {s.channels} "
+                         f"channels, multiplier {s.multiplier}")
 
     def rows_parallel(rows):
         for lp in rows:
@@ -376,6 +421,8 @@ def schedule_depthwise(func, shape: DepthwiseShape, *, channel_block: int | None
         _schedule_staged(sch, s, cb, rows_parallel)
     elif any(s.padding) and (default_padded_copy(s) if padded_copy is None else padded_copy):
         _schedule_padded(sch, s, cb, rows_parallel)
+    elif (parallel_axis or default_parallel_axis(s, cb, parallel_min_rows)) == "channels":
+        _schedule_direct_channels(sch, s, cb, parallel)
     else:
         _schedule_direct(sch, s, cb, rows_parallel)
     return sch.mod["main"]
@@ -452,6 +499,36 @@ def _schedule_direct(sch, s: DepthwiseShape, cb: int, rows_parallel):
     _partition(sch, _leaves(sch), "ow",
                _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
     _channel_blocks(sch, s.channels, cb)
+
+
+def _schedule_direct_channels(sch, s: DepthwiseShape, cb: int, parallel: bool):
+    """Multiplier 1, C % cb == 0, the input read in place as in ``_schedule_direct``, but
+    one parallel loop over channel blocks holds every region::
+
+        for cb_i in C / cb (parallel):
+          for each row region (top border | interior | bottom border):
+            for each column region (left | interior | right):
+              for ow: for c in cb (vectorized): output = epilogue(taps)
+
+    A task is a channel block over the whole map, border rows included, so no row runs
+    on the calling thread alone; the block's weights stay in registers for the map.
+    """
+    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
+    if "pad" in blocks:
+        sch.compute_inline(blocks["pad"])
+    sch.compute_inline(blocks["acc"])
+    n, oh, ow, oc = sch.get_loops(blocks["output"])
+    block, lanes = sch.split(oc, [None, cb])
+    sch.reorder(block, n, oh, ow, lanes)
+    if parallel:
+        sch.parallel(block)
+    pt, pl, _, _ = s.padding
+    _partition(sch, _leaves(sch), "oh",
+               _regions(s.out_h, s.in_h, pt, s.kh, s.strides[0], s.dilation[0]))
+    _partition(sch, _leaves(sch), "ow",
+               _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
+    for b in _leaves(sch):
+        sch.vectorize(sch.get_loops(b)[-1])
 
 
 def _schedule_staged(sch, s: DepthwiseShape, cb: int, rows_parallel):

@@ -1,8 +1,9 @@
 """Estimated aarch64 cycles per layer: tvm_armq's kernels against TFLite (XNNPACK).
 
 Every distinct convolution, depthwise convolution and dense layer of MobileNetV1 1.0 and
-MobileNetV2 1.0 at 224x224 (``LAYERS`` below, derived from the two architectures) becomes
-a single-op int8 TFLite model, built once with TensorFlow's converter (seeded, as the
+MobileNetV2 1.0 at 224x224, of ResNet-50 (224), and the characteristic convolution shapes
+of InceptionV3 (299) and DenseNet-121 (224) (``LAYERS`` below, derived from the
+architectures) becomes a single-op int8 TFLite model, built once with TensorFlow's converter (seeded, as the
 model zoo builds its models) and cached under ``$TVM_ARMQ_HOME/bench`` (default
 ``~/.cache/tvm_armq/bench``). For each layer and ISA level:
 
@@ -85,7 +86,10 @@ BENCH_VERSION = 1
 KNOB_OVERRIDES: dict[str, int] = {}
 
 V1, V2 = "mobilenet_v1_1.0", "mobilenet_v2_1.0"
-MODELS = (V1, V2)
+R50, I3, D121 = "resnet50", "inception_v3", "densenet121"
+MODELS = (V1, V2, R50, I3, D121)
+# The short names the table uses for them (``_layer(..., v1=1)``).
+MODEL_KEYS = {"v1": V1, "v2": V2, "r50": R50, "i3": I3, "d121": D121}
 
 # TFLite builtin op of each layer kind.
 TFLITE_OP = {"conv": "CONV_2D", "dw": "DEPTHWISE_CONV_2D", "dense": "FULLY_CONNECTED"}
@@ -93,20 +97,26 @@ TFLITE_OP = {"conv": "CONV_2D", "dw": "DEPTHWISE_CONV_2D", "dense": "FULLY_CONNE
 
 @dataclasses.dataclass(frozen=True)
 class Layer:
-    """One distinct layer shape. ``hw`` is the (square) input size, ``k`` the (square)
-    kernel, ``stride`` both strides; padding is SAME (for the stride-2 layers that is
-    Keras' ZeroPadding2D((0, 1), (0, 1)) + VALID, the same pixels). ``act`` is the fused
-    activation ("relu6" or "linear"); ``uses`` how often each model runs this shape."""
+    """One distinct layer shape. ``hw`` is the (square) input size, ``k`` the kernel
+    (an int for a square one, (kh, kw) for InceptionV3's 1x7, 7x1, ...), ``stride`` both
+    strides; padding is SAME (for the stride-2 layers that is Keras' ZeroPadding2D((0, 1),
+    (0, 1)) + VALID, the same pixels). ``act`` is the fused activation ("relu6", "relu" or
+    "linear"); ``uses`` how often each model runs this shape."""
 
     name: str
     op: str  # "conv", "dw" or "dense"
     hw: int
     in_c: int
     out_c: int
-    k: int
+    k: int | tuple[int, int]
     stride: int
     act: str
     uses: tuple[tuple[str, int], ...]
+
+    @property
+    def kernel(self) -> tuple[int, int]:
+        """(kh, kw)."""
+        return tuple(self.k) if isinstance(self.k, (tuple, list)) else (self.k, self.k)
 
     @property
     def out_hw(self) -> int:
@@ -131,18 +141,18 @@ class Layer:
         if self.op == "dense":
             return f"dense {self.in_c}->{self.out_c}"
         geometry = f"{self.hw}x{self.hw}x{self.in_c}"
+        kh, kw = self.kernel
         if self.op == "dw":
-            return f"dw {self.k}x{self.k}/s{self.stride} {geometry}"
-        return f"conv {self.k}x{self.k}/s{self.stride} {geometry}->{self.out_c}"
+            return f"dw {kh}x{kw}/s{self.stride} {geometry}"
+        return f"conv {kh}x{kw}/s{self.stride} {geometry}->{self.out_c}"
 
     def count(self, model: str) -> int:
         return dict(self.uses).get(model, 0)
 
 
 def _layer(name, op, hw, in_c, out_c, k, stride, act, **uses):
-    models = {"v1": V1, "v2": V2}
     return Layer(name, op, hw, in_c, out_c, k, stride, act,
-                 tuple((models[m], n) for m, n in uses.items()))
+                 tuple((MODEL_KEYS[m], n) for m, n in uses.items()))
 
 
 # MobileNetV1 1.0 (224x224): a 3x3/s2 stem conv 3 -> 32, then 13 pairs of depthwise 3x3
@@ -205,6 +215,63 @@ LAYERS: tuple[Layer, ...] = (
     _layer("v2.b16.project", "conv",  7,  960,  320, 1, 1, "linear", v2=1),
     _layer("v2.conv_last", "conv",    7,  320, 1280, 1, 1, "relu6", v2=1),
     _layer("v2.logits",    "dense",   1, 1280, 1000, 1, 1, "linear", v2=1),
+    # ResNet-50 (Keras' ResNet50, 224x224): a 7x7/s2 stem 3 -> 64, then four stages of
+    # bottleneck blocks at 56, 28, 14 and 7 px (3, 4, 6, 3 blocks): 1x1 reduce (stride 2
+    # in a stage's first block but the first stage's), 3x3, 1x1 expand (linear; the
+    # residual ADD and its ReLU follow), and in each stage's first block a 1x1 shortcut
+    # of the expand's shape (stride 2 from the second stage on). Every shape, with how
+    # often the net runs it (the first stage's shortcut is the expand's shape: x4).
+    _layer("r50.stem",      "conv",  224,    3,   64, 7, 2, "relu", r50=1, d121=1),
+    _layer("r50.s2.reduce0", "conv",  56,   64,   64, 1, 1, "relu", r50=1),
+    _layer("r50.s2.reduce", "conv",   56,  256,   64, 1, 1, "relu", r50=2),
+    _layer("r50.s2.3x3",    "conv",   56,   64,   64, 3, 1, "relu", r50=3),
+    _layer("r50.s2.expand", "conv",   56,   64,  256, 1, 1, "linear", r50=4),
+    _layer("r50.s3.reduce0", "conv",  56,  256,  128, 1, 2, "relu", r50=1),
+    _layer("r50.s3.reduce", "conv",   28,  512,  128, 1, 1, "relu", r50=3),
+    _layer("r50.s3.3x3",    "conv",   28,  128,  128, 3, 1, "relu", r50=4),
+    _layer("r50.s3.expand", "conv",   28,  128,  512, 1, 1, "linear", r50=4),
+    _layer("r50.s3.short",  "conv",   56,  256,  512, 1, 2, "linear", r50=1),
+    _layer("r50.s4.reduce0", "conv",  28,  512,  256, 1, 2, "relu", r50=1),
+    _layer("r50.s4.reduce", "conv",   14, 1024,  256, 1, 1, "relu", r50=5),
+    _layer("r50.s4.3x3",    "conv",   14,  256,  256, 3, 1, "relu", r50=6),
+    _layer("r50.s4.expand", "conv",   14,  256, 1024, 1, 1, "linear", r50=6),
+    _layer("r50.s4.short",  "conv",   28,  512, 1024, 1, 2, "linear", r50=1),
+    _layer("r50.s5.reduce0", "conv",  14, 1024,  512, 1, 2, "relu", r50=1),
+    _layer("r50.s5.reduce", "conv",    7, 2048,  512, 1, 1, "relu", r50=2),
+    _layer("r50.s5.3x3",    "conv",    7,  512,  512, 3, 1, "relu", r50=3),
+    _layer("r50.s5.expand", "conv",    7,  512, 2048, 1, 1, "linear", r50=3),
+    _layer("r50.s5.short",  "conv",   14, 1024, 2048, 1, 2, "linear", r50=1),
+    _layer("r50.logits",    "dense",   1, 2048, 1000, 1, 1, "linear", r50=1),
+    # InceptionV3 (299x299), its characteristic convolutions rather than all ~95 of
+    # them: the stem's 3x3s at 147 and 71 px, the 35x35 blocks' 5x5 and 3x3 branches,
+    # the 17x17 blocks' factorized 1x7 / 7x1 (128, 160 and 192 channels) and the 8x8
+    # blocks' 1x3 / 3x1 and 3x3. SAME padding throughout (the stem's VALID convs lose a
+    # pixel row and column there; the work per pixel is the same). Uses: how often the
+    # net runs the shape.
+    _layer("i3.stem2",      "conv",  147,   32,   32, 3, 1, "relu", i3=1),
+    _layer("i3.stem3",      "conv",  147,   32,   64, 3, 1, "relu", i3=1),
+    _layer("i3.stem5",      "conv",   71,   80,  192, 3, 1, "relu", i3=1),
+    _layer("i3.35.5x5",     "conv",   35,   48,   64, 5, 1, "relu", i3=3),
+    _layer("i3.35.3x3a",    "conv",   35,   64,   96, 3, 1, "relu", i3=4),
+    _layer("i3.35.3x3b",    "conv",   35,   96,   96, 3, 1, "relu", i3=3),
+    _layer("i3.17.1x7",     "conv",   17,  128,  128, (1, 7), 1, "relu", i3=3),
+    _layer("i3.17.7x1",     "conv",   17,  128,  192, (7, 1), 1, "relu", i3=2),
+    _layer("i3.17.1x7_160", "conv",   17,  160,  160, (1, 7), 1, "relu", i3=6),
+    _layer("i3.8.1x3",      "conv",    8,  384,  384, (1, 3), 1, "relu", i3=4),
+    _layer("i3.8.3x3",      "conv",    8,  448,  384, 3, 1, "relu", i3=2),
+    # DenseNet-121 (224x224): every dense layer is a 1x1 bottleneck (its input channels
+    # grow by 32 a layer) to 128, then a 3x3 128 -> 32; the 3x3 shapes are all here, the
+    # bottlenecks by their first and last input width per block, the transitions' 1x1s
+    # (the stem is ResNet-50's shape). DenseNet normalizes and activates before each
+    # convolution, so its convolutions are linear.
+    _layer("d121.b1.3x3",   "conv",   56,  128,   32, 3, 1, "linear", d121=6),
+    _layer("d121.b2.3x3",   "conv",   28,  128,   32, 3, 1, "linear", d121=12),
+    _layer("d121.b3.3x3",   "conv",   14,  128,   32, 3, 1, "linear", d121=24),
+    _layer("d121.b4.3x3",   "conv",    7,  128,   32, 3, 1, "linear", d121=16),
+    _layer("d121.b1.bn64",  "conv",   56,   64,  128, 1, 1, "linear", d121=1),
+    _layer("d121.b3.bn992", "conv",   14,  992,  128, 1, 1, "linear", d121=1),
+    _layer("d121.t1",       "conv",   56,  256,  128, 1, 1, "linear", d121=1),
+    _layer("d121.t3",       "conv",   14, 1024,  512, 1, 1, "linear", d121=1),
 )
 assert len({layer.name for layer in LAYERS}) == len(LAYERS), "duplicate layer name"
 
@@ -226,9 +293,9 @@ def _keras_model(layer: Layer, rng):
         if layer.op == "dense":
             return L.Dense(layer.out_c, activation=act, name="dense")
         if layer.op == "dw":
-            return L.DepthwiseConv2D(layer.k, strides=layer.stride, padding="same",
+            return L.DepthwiseConv2D(layer.kernel, strides=layer.stride, padding="same",
                                      activation=act, name="dwconv")
-        return L.Conv2D(layer.out_c, layer.k, strides=layer.stride, padding="same",
+        return L.Conv2D(layer.out_c, layer.kernel, strides=layer.stride, padding="same",
                         activation=act, name="conv")
 
     return zoo.single_layer([layer.input_shape], make, rng)

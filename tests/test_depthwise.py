@@ -47,6 +47,7 @@ class Case:
     # the one-instruction rounding fixup)
     small: bool = False  # tiny accumulators: scales above 1, positive (left) shifts
     padded_copy: bool | None = None  # multiplier 1: read a padded copy (None: the default)
+    parallel_axis: str | None = None  # multiplier 1 in place: rows or channels (None: default)
 
 
 def _same(h, w, k, s=1, d=1):
@@ -93,6 +94,18 @@ CASES = [
          in_zp=-1, out_zp=3, max_shift=0, padded_copy=True),
     Case("c40_5x5_same_4x4", S(1, 4, 4, 40, kh=5, kw=5, padding=_same(4, 4, 5)),
          in_zp=77, out_zp=-9),
+    # the in-place form's two parallel axes, each on shapes the other is the default of
+    # (channel blocks: every row region inside one parallel loop over blocks)
+    Case("c64_3x3_same_channels", S(1, 7, 9, 64, padding=_same(7, 9, 3)), in_zp=-3,
+         out_zp=8, max_shift=0),
+    Case("c48_3x3_s2_same_channels", S(1, 10, 9, 48, strides=(2, 2),
+                                       padding=_same(10, 9, 3, 2)),
+         in_zp=12, out_zp=-128, act_range=(-128, 40), parallel_axis="channels"),
+    Case("c32_3x3_d2_same_n2_channels", S(2, 9, 8, 32, dilation=(2, 2),
+                                          padding=_same(9, 8, 3, 1, 2)),
+         in_zp=-1, out_zp=3, parallel_axis="channels"),
+    Case("c64_3x3_same_rows", S(1, 6, 7, 64, padding=_same(6, 7, 3)), in_zp=50, out_zp=-4,
+         parallel_axis="rows"),
 ]
 
 
@@ -154,9 +167,10 @@ def _pair_sums(case: Case, data, weight):
     return np.stack(products[0::2]) + np.stack(products[1::2])
 
 
-def _func(shape, padded_copy=None, **quant):
+def _func(shape, padded_copy=None, parallel_axis=None, **quant):
     f = dw.depthwise_func(shape, **quant)
-    return dw.schedule_depthwise(f, shape, padded_copy=padded_copy)
+    return dw.schedule_depthwise(f, shape, padded_copy=padded_copy,
+                                 parallel_axis=parallel_axis)
 
 
 # ------------------------------------------------------------------ host-side checks
@@ -254,7 +268,8 @@ def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     for i, case in enumerate(CASES):
         funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
-                                 max_shift=case.max_shift, padded_copy=case.padded_copy)
+                                 max_shift=case.max_shift, padded_copy=case.padded_copy,
+                                 parallel_axis=case.parallel_axis)
         args, exp = _case_data(case, i)
         datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
@@ -265,6 +280,34 @@ def test_depthwise_on_device(run_funcs, level, tmp_path, report):
         assert len(np.unique(exp)) > 8, "the case must exercise the output range"
         np.testing.assert_array_equal(got, exp, err_msg=f"{case.name} at {level}")
     report(f"depthwise {level:8s} {len(CASES)} cases bit-exact")
+
+
+def test_parallel_axis_rule():
+    """The in-place form runs channel blocks in parallel where they split more evenly
+    than the rows at 2 and 4 threads (MobileNetV2's 28x28 and smaller maps), rows where
+    the border rows are a small share (its 112x112 and 56x56 maps); the cases above use
+    both axes on shapes whose default is each; the forced axis is what gets built."""
+    def axis(h, c, stride=1, **kw):
+        shape = S(1, h, h, c, strides=(stride, stride), padding=_same(h, h, 3, stride), **kw)
+        return dw.default_parallel_axis(shape, dw.default_channel_block(shape))
+
+    assert [axis(112, 32), axis(112, 96, 2), axis(56, 144)] == ["rows"] * 3
+    assert [axis(28, 192), axis(14, 576, 2), axis(7, 960), axis(14, 128)] == ["channels"] * 4
+    assert axis(14, 136) == "rows"  # 8.5 blocks: the remainder is not in a whole block
+    assert axis(14, 384, multiplier=2) == "rows"  # the staged form's rows
+    by_case = {c.name: c for c in CASES}
+    for name, want in (("c64_3x3_same_channels", "channels"), ("c64_3x3_same_rows", "rows")):
+        shape = by_case[name].shape
+        assert (by_case[name].parallel_axis or
+                dw.default_parallel_axis(shape, dw.default_channel_block(shape))) == want
+    assert dw.default_parallel_axis(by_case["c64_3x3_same_rows"].shape, 16) == "channels"
+    assert "for oc_0 in T.parallel" in _func(by_case["c64_3x3_same_channels"].shape,
+                                             in_zp=0, out_zp=0).script()
+    with pytest.raises(ValueError, match="136 channels"):
+        _func(S(1, 6, 6, 136, padding=(1, 1, 1, 1)), in_zp=0, out_zp=0,
+              parallel_axis="channels")
+    with pytest.raises(ValueError, match="parallel_axis"):
+        _func(S(1, 6, 6, 16), in_zp=0, out_zp=0, parallel_axis="pixels")
 
 
 def test_inner_loop_is_vectorized():
