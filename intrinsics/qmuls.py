@@ -83,6 +83,16 @@ itself. Single rounding on aarch64 is one rounding shift of the exact 64-bit pro
 
 Use it from TIR as ``qmuls(x, m, 31, s)`` (also inside ``@T.prim_func``) or as
 ``T.call_intrin("int32", "tvm_armq.qmuls", x, m, 31, s)`` once this module is imported.
+
+Requantization under a ReLU floor: ``qmuls_relu``
+-------------------------------------------------
+``qmuls_relu(x, m, 31, s) = max(qmuls(x, m, 31, s), 0)`` (double rounding), op
+``tvm_armq.qmuls_relu``. Under that floor the ties-away fixup is not needed: for h < 0
+both roundings of ``h / 2**e`` give a result <= 0, which the floor makes 0, and for h >= 0
+they agree. So its aarch64 form is sqrdmulh, srshl, smax with zero: one instruction per
+int32x4 fewer than qmuls and a clamp. ``requantize`` uses it where the output clamp's
+floor is at or above the output zero point (fused ReLU and ReLU6 put it exactly there),
+since every negative qmuls result lands on the floor then.
 """
 
 from __future__ import annotations
@@ -99,7 +109,8 @@ from . import requant
 from .requant import INT32_MAX, MAX_SHIFT, MIN_SHIFT, check_rounding
 
 OP_NAMES = {"double": "tvm_armq.qmuls", "single": "tvm_armq.qmuls_single"}
-ROUNDING_OF_OP = {name: mode for mode, name in OP_NAMES.items()}
+RELU_OP = "tvm_armq.qmuls_relu"  # max(qmuls(x, m, 31, s), 0), double rounding
+ROUNDING_OF_OP = {**{name: mode for mode, name in OP_NAMES.items()}, RELU_OP: "double"}
 Q31 = 31  # fractional bits of TFLite's multipliers: m represents m / 2**31
 NEON_INT32_LANES = 4  # int32 lanes in one 128-bit NEON register
 NEON_INT64_LANES = 2  # int64 lanes in one 128-bit NEON register
@@ -201,6 +212,27 @@ def qmuls(x, m, q, s, rounding: str = "double"):
                             IntImm("int32", Q31), s)
 
 
+def qmuls_relu(x, m, q, s):
+    """TIR expression for ``max(qmuls(x, m, q, s), 0)`` with double rounding (see the
+    module: the ties-away fixup is not needed under the floor). Arguments as ``qmuls``."""
+    call = qmuls(x, m, q, s, "double")
+    return tirx.call_intrin(call.ty.dtype, RELU_OP, *call.args)
+
+
+def requantize(x, m, s, out_zp: int, lo: int, hi: int, rounding: str = "double"):
+    """``clamp(qmuls(x, m, 31, s) + out_zp, lo, hi)`` as int32: every quantized kernel's
+    output step. With double rounding and a floor at or above the zero point (a fused
+    ReLU or ReLU6: ``lo == out_zp``), a negative qmuls result always lands on ``lo``, so
+    ``qmuls_relu`` takes qmuls' place and the floor is left out when it is the zero
+    point itself: the same values, one instruction per int32x4 fewer."""
+    if rounding == "double" and lo >= out_zp:
+        r = qmuls_relu(x, m, Q31, s) + out_zp  # >= out_zp
+        r = tirx.min(r, hi)
+        return tirx.max(r, lo) if lo > out_zp else r
+    r = qmuls(x, m, Q31, s, rounding) + out_zp
+    return tirx.max(tirx.min(r, hi), lo)
+
+
 def bounded_shift(s, max_shift: int | None):
     """The shift ``s`` with a compile-time fact written into it: every value it takes is at
     most ``max_shift``. It becomes ``min(s, max_shift)``, which equals ``s`` for those
@@ -272,12 +304,17 @@ def _portable_single(x, m, s, lanes: int):
     return Cast(_vec("int32", lanes), shifted)  # truncation, as TFLite's static_cast<int32_t>
 
 
+def _floor_zero(e, lanes: int):
+    return tirx.max(e, _const(0, "int32", lanes))
+
+
 def lower_portable(call):
     """``default.FLowerIntrinsic`` of qmuls: plain TIR over int64, for any target and lanes."""
     rounding, x, m, s, lanes = _operands(call)
-    if rounding == "double":
-        return _portable_double(x, m, s, lanes)
-    return _portable_single(x, m, s, lanes)
+    if rounding == "single":
+        return _portable_single(x, m, s, lanes)
+    r = _portable_double(x, m, s, lanes)
+    return _floor_zero(r, lanes) if call.op.name == RELU_OP else r
 
 
 # ------------------------------------------------------------------ aarch64 lowering
@@ -294,9 +331,11 @@ def _shift_max(s) -> int:
     return int(Analyzer().const_int_bound(s).max_value)
 
 
-def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"]):
+def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"],
+                    relu: bool = False):
     """sqrdmulh + srshl with the ties-away fixup; lanes is 1, 2 or 4. ``s_max`` bounds a
-    run-time shift: <= 0, no left shift (ushl); <= -1, the fixup is h's sign alone."""
+    run-time shift: <= 0, no left shift (ushl); <= -1, the fixup is h's sign alone.
+    ``relu``: the result floored at 0, and no fixup (it only moves negative ties)."""
     i32 = _vec("int32", lanes)
     k = _const_int(s)
     if k is not None:
@@ -310,7 +349,12 @@ def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"]):
         right_neg = tirx.min(s, zero)  # srshl shifts right by minus this, rounding
     h = _llvm(i32, SQRDMULH, a, m)
     if k is not None and k >= 0:
-        return h  # no right shift, no second rounding
+        return _floor_zero(h, lanes) if relu else h  # no right shift, no second rounding
+    if relu:
+        if lanes == 1:
+            wide = _llvm("int64", SRSHL, Cast("int64", h), Cast("int64", right_neg))
+            return _floor_zero(Cast("int32", wide), lanes)
+        return _floor_zero(_llvm(i32, SRSHL, h, right_neg), lanes)
     sign = _const(SIGN_BIT, "int32", lanes)
     # -1 in the lanes to round away from zero (h < 0 and a real right shift), else 0.
     # For a constant negative shift the mask is all ones in its sign bit: just h's sign.
@@ -352,7 +396,11 @@ def lower_aarch64(call):
     if _portable.get():
         return call
     rounding, x, m, s, lanes = _operands(call)
-    body = _aarch64_double if rounding == "double" else _aarch64_single
+    if call.op.name == RELU_OP:
+        def body(x, m, s, lanes, s_max):
+            return _aarch64_double(x, m, s, lanes, s_max, relu=True)
+    else:
+        body = _aarch64_double if rounding == "double" else _aarch64_single
     s_max = _shift_max(s)
     if lanes in (1, 2, NEON_INT32_LANES):
         return body(x, m, s, lanes, s_max)
@@ -370,7 +418,7 @@ def lower_aarch64(call):
 # ------------------------------------------------------------------- registration
 def _register() -> None:
     """Create the two ops and their lowering rules; a second import changes nothing."""
-    for name in OP_NAMES.values():
+    for name in (*OP_NAMES.values(), RELU_OP):
         if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
             continue
         register_op_attr(name, "TCallEffectKind", CallEffectKind.Pure.value)
@@ -382,5 +430,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["qmuls", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
+__all__ = ["qmuls", "qmuls_relu", "requantize", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
            "requant"]

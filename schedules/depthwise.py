@@ -269,7 +269,7 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, qmuls
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize
 
     s = shape
     cb = channel_block or default_channel_block(s)
@@ -320,9 +320,9 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
 
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
-        r = qmuls(x, mult[oc].asobject(), 31, bounded_shift(shift[oc].asobject(), max_shift))
-        r = r + out_zp
-        return tirx.max(tirx.min(r, hi), lo).astype("int8")
+        r = requantize(x, mult[oc].asobject(), bounded_shift(shift[oc].asobject(), max_shift),
+                       out_zp, lo, hi)
+        return r.astype("int8")
 
     if cpad == s.channels:
         out = te.compute((s.batch, s.out_h, s.out_w, s.out_c), requant_element, name="output")

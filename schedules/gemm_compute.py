@@ -297,7 +297,7 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, qmuls
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize
 
     _, nr, kr = plan.main.tile
     s, G = plan.shape, plan.shape.groups
@@ -333,10 +333,10 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
             if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
                 x = x - row_sum[first + m, g] * w_zp
             x = x + bias[c]
-            r = qmuls(x, mult[c].asobject(), 31, bounded_shift(shift[c].asobject(), max_shift),
-                      rounding)
-            r = r + out_zp
-            return tirx.max(tirx.min(r, hi), lo).astype(out_dtype)
+            r = requantize(x, mult[c].asobject(),
+                           bounded_shift(shift[c].asobject(), max_shift), out_zp, lo, hi,
+                           rounding)
+            return r.astype(out_dtype)
 
         return te.compute((count, G, n_group), out_element, name="output" + suffix)
 

@@ -24,12 +24,15 @@ import pytest
 
 from tvm_armq import export
 from tvm_armq.intrinsics import requant as rq
-from tvm_armq.intrinsics.qmuls import OP_NAMES, portable_lowering, qmuls
+from tvm_armq.intrinsics.qmuls import OP_NAMES, portable_lowering, qmuls, qmuls_relu
 from tvm_armq.targets import LEVELS
 
 pytestmark = pytest.mark.device
 
 MODES = ("double", "single")
+# The kernels' forms: each rounding mode's qmuls, and qmuls_relu (double rounding, floored
+# at 0: the fixup for negative ties left out).
+FORMS = MODES + ("relu",)
 N_RANDOM = 1 << 20  # random triples per run, over 10**6
 VECTOR_LANES = 4  # the int32x4 NEON form
 WIDE_LANES = 8  # int32x8: lowered as two int32x4 pieces
@@ -41,9 +44,20 @@ Q_ONE = 1 << 31  # 1.0 in Q0.31
 HALF = 1 << 30  # 0.5 in Q0.31
 
 
-def _shifts(mode: str) -> np.ndarray:
-    """Every shift the mode is defined for (what QuantizeMultiplier gives for usable scales)."""
-    return np.arange(rq.MIN_SHIFT, rq.MAX_SHIFT[mode] + 1, dtype=np.int32)
+def _rounding(form: str) -> str:
+    return "double" if form == "relu" else form
+
+
+def _qmuls_of(form: str):
+    """The TIR builder of a form: qmuls with its rounding, or qmuls_relu."""
+    if form == "relu":
+        return qmuls_relu
+    return lambda x, m, q, s: qmuls(x, m, q, s, form)
+
+
+def _shifts(form: str) -> np.ndarray:
+    """Every shift the form is defined for (what QuantizeMultiplier gives for usable scales)."""
+    return np.arange(rq.MIN_SHIFT, rq.MAX_SHIFT[_rounding(form)] + 1, dtype=np.int32)
 
 
 # ------------------------------------------------------------------------------ data
@@ -109,6 +123,8 @@ class Cases:
         self.s = {"double": s, "single": np.minimum(s, rq.MAX_SHIFT["single"]).astype(np.int32)}
         self.want = {r: rq.multiply_by_quantized_multiplier(self.x, self.m, self.s[r], r)
                      for r in MODES}
+        self.s["relu"] = self.s["double"]
+        self.want["relu"] = np.maximum(self.want["double"], 0)
         # A smaller (x, m) set for the constant-shift kernels: edges first, then random.
         cx, cm, _ = _edge_cases()
         rx, rm, _ = _random_cases(rng, N_CONST)
@@ -116,6 +132,7 @@ class Cases:
         self.cm = np.concatenate([cm, rm])[:N_CONST]
         self.cwant = {r: rq.multiply_by_quantized_multiplier(
             self.cx[None, :], self.cm[None, :], _shifts(r)[:, None], r) for r in MODES}
+        self.cwant["relu"] = np.maximum(self.cwant["double"], 0)
 
 
 @pytest.fixture(scope="module")
@@ -124,13 +141,16 @@ def cases():
 
 
 # --------------------------------------------------------------------------- kernels
-def _elementwise(name: str, n: int, rounding: str, lanes: int):
-    """Y[i] = qmuls(X[i], M[i], 31, S[i]): per-element multipliers and shifts, ``lanes`` wide.
+def _elementwise(name: str, n: int, form: str, lanes: int):
+    """Y[i] = qmuls(X[i], M[i], 31, S[i]): per-element multipliers and shifts, ``lanes`` wide
+    (the ``form``'s qmuls: ``_qmuls_of``).
 
     Indices are written out rather than bound to a name: a ``let`` inside a vectorized loop
     makes TVM's VectorizeLoop fall back to a scalar loop without a word.
     """
     from tvm.script import tirx as T
+
+    op = _qmuls_of(form)
 
     @T.prim_func
     def kernel(X: T.Buffer((n,), "int32"), M: T.Buffer((n,), "int32"),
@@ -138,13 +158,13 @@ def _elementwise(name: str, n: int, rounding: str, lanes: int):
         T.func_attr({"tir.noalias": True})
         for io in range(n // lanes):
             for ii in T.vectorized(lanes):
-                Y[io * lanes + ii] = qmuls(X[io * lanes + ii], M[io * lanes + ii], 31,
-                                           S[io * lanes + ii], rounding)
+                Y[io * lanes + ii] = op(X[io * lanes + ii], M[io * lanes + ii], 31,
+                                        S[io * lanes + ii])
 
     return kernel.with_attr("global_symbol", name)
 
 
-def _every_constant_shift(name: str, n: int, rounding: str, lanes: int):
+def _every_constant_shift(name: str, n: int, form: str, lanes: int):
     """Y[k, i] = qmuls(X[i], M[i], 31, lowest + k) for every shift, each k a constant.
 
     The k loop is unrolled before intrinsics are lowered, so each shift reaches the
@@ -152,8 +172,9 @@ def _every_constant_shift(name: str, n: int, rounding: str, lanes: int):
     """
     from tvm.script import tirx as T
 
-    shifts = _shifts(rounding)
+    shifts = _shifts(form)
     count, lowest = len(shifts), int(shifts[0])
+    op = _qmuls_of(form)
 
     @T.prim_func
     def kernel(X: T.Buffer((n,), "int32"), M: T.Buffer((n,), "int32"),
@@ -162,18 +183,18 @@ def _every_constant_shift(name: str, n: int, rounding: str, lanes: int):
         for k in T.unroll(count):
             for io in range(n // lanes):
                 for ii in T.vectorized(lanes):
-                    Y[k, io * lanes + ii] = qmuls(X[io * lanes + ii], M[io * lanes + ii], 31,
-                                                  k + lowest, rounding)
+                    Y[k, io * lanes + ii] = op(X[io * lanes + ii], M[io * lanes + ii], 31,
+                                               k + lowest)
 
     return kernel.with_attr("global_symbol", name)
 
 
 def _module(n: int):
-    """Every kernel of the device run, by name: (kind, rounding, lanes)."""
+    """Every kernel of the device run, by name: (kind, form, lanes)."""
     import tvm
 
     kernels = {}
-    for r in MODES:
+    for r in FORMS:
         for lanes, tag in ((VECTOR_LANES, "v4"), (WIDE_LANES, "v8"), (NARROW_LANES, "v2"),
                           (1, "scalar")):
             kernels[f"{tag}_{r}"] = ("elementwise", r, lanes)
@@ -429,6 +450,10 @@ def test_aarch64_code_is_sqrdmulh_and_srshl(lvl):
     assert "sqrdmulh\ts" in scalar and "srshl\td" in scalar
     single = asm("single", VECTOR_LANES)
     assert "smull" in single and "srshl\tv" in single and "sqrdmulh" not in single
+    # qmuls_relu: the same two instructions and a floor at zero, no ties-away fixup.
+    relu = asm("relu", VECTOR_LANES)
+    assert "sqrdmulh\tv" in relu and "srshl\tv" in relu and "smax\tv" in relu
+    assert "and\tv" not in relu and "and\tv" in vector
     # The forced default lowering is the 64-bit form: no sqrdmulh, no srshl.
     portable = asm("double", VECTOR_LANES, portable=True)
     assert "sqrdmulh" not in portable and "srshl" not in portable
@@ -483,5 +508,5 @@ def test_qmuls_on_device(devices, level, cases, tmp_path):
 
         # The default lowering on the device: its vector and constant forms suffice.
         only = None if lowering == "aarch64" else {
-            f"{k}_{r}" for k in ("v4", "const_v4") for r in MODES}
+            f"{k}_{r}" for k in ("v4", "const_v4") for r in FORMS}
         _check_all(run, cases, kernels, f"{level} {lowering} lowering", only)
