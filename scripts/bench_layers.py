@@ -42,7 +42,9 @@ have exactly the PrimFunc's buffer shapes. Nothing runs on a device here.
 Time (2-core x86 host): one armperf run takes ~5-30 s (the 224x224 and 112x112 layers
 are the slow ones), compiling a layer a few seconds, the first build of a layer's .tflite
 model ~5 s. MobileNetV1's 20 distinct layers at two levels took 8.5 minutes; the full
-run (49 layers, 3 levels, two armperf runs each) 27 minutes, models cached. Use
+MobileNet run (49 layers, 3 levels, two armperf runs each) 27 minutes, models cached;
+ResNet-50's 21 layers at two levels, one run each, under an hour (its 224 x 224 stem and
+56 x 56 layers are the slow ones). Use
 ``--models`` / ``--layers`` / ``--limit`` / ``--isa`` for a subset.
 
 The figures are core-bound estimates (every load an L1 hit), for comparing two
