@@ -480,7 +480,7 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     arguments as ``add_func``."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls
+    from tvm_armq.intrinsics.qmuls import requantize
 
     _check_broadcast("MUL", a_shape, b_shape, out_shape)
     p = mul_params(a_q, b_q, out_q, act_range, dtype)
@@ -490,8 +490,8 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     def element(*idx):
         x = a[tuple(_broadcast_index(a_shape, out_shape, idx))].astype("int32") - p.a_zp
         y = b[tuple(_broadcast_index(b_shape, out_shape, idx))].astype("int32") - p.b_zp
-        r = qmuls(x * y, p.multiplier, Q31, p.shift) + p.out_zp  # |x * y| <= 255 * 255
-        return _clamp_cast(r, *p.act_range, dtype)
+        # |x * y| <= 255 * 255; a fused ReLU drops the rounding fixup (qmuls.requantize)
+        return requantize(x * y, p.multiplier, p.shift, p.out_zp, *p.act_range).astype(dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
     return finish_func((a, b, out), schedule, elementwise_schedule)
