@@ -111,6 +111,15 @@ class Conv2DShape(Window2D):
         row = self.kernel_row_k(kr, dtype)
         return self.kh * row if row is not None else ceil_div(self.gemm_k, kr) * kr
 
+    def kernel_row_blocks(self, kr: int) -> int | None:
+        """K blocks of one kernel row when each kernel row is whole blocks of consecutive
+        channels (cg % kr == 0, not pointwise): the im2col's K loop then splits into
+        (kernel row, block in the row), and within a row a block's input offset is affine
+        in the block (no division per block). None otherwise."""
+        if self.is_pointwise or self.group_in_c % kr:
+            return None
+        return self.kw * self.group_in_c // kr
+
     @property
     def is_pointwise(self) -> bool:
         """1x1, stride 1, no padding: A is the input itself, no im2col gather needed."""
