@@ -351,18 +351,18 @@ def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"],
     if k is not None and k >= 0:
         return _floor_zero(h, lanes) if relu else h  # no right shift, no second rounding
     if relu:
-        if lanes == 1:
-            wide = _llvm("int64", SRSHL, Cast("int64", h), Cast("int64", right_neg))
-            return _floor_zero(Cast("int32", wide), lanes)
-        return _floor_zero(_llvm(i32, SRSHL, h, right_neg), lanes)
-    sign = _const(SIGN_BIT, "int32", lanes)
-    # -1 in the lanes to round away from zero (h < 0 and a real right shift), else 0.
-    # For a constant negative shift the mask is all ones in its sign bit: just h's sign.
-    fixup = h >> sign if k is not None or s_max < 0 else (h & right_neg) >> sign
+        rounded = h  # under the floor, negative ties may round either way
+    else:
+        sign = _const(SIGN_BIT, "int32", lanes)
+        # -1 in the lanes to round away from zero (h < 0 and a real right shift), else 0.
+        # For a constant negative shift the mask is all ones in its sign bit: h's sign.
+        rounded = h + (h >> sign if k is not None or s_max < 0 else (h & right_neg) >> sign)
     if lanes == 1:  # srshl has no 32-bit scalar form: use the 64-bit one, exact here
-        wide = _llvm("int64", SRSHL, Cast("int64", h + fixup), Cast("int64", right_neg))
-        return Cast("int32", wide)
-    return _llvm(i32, SRSHL, h + fixup, right_neg)
+        r = Cast("int32", _llvm("int64", SRSHL, Cast("int64", rounded),
+                                Cast("int64", right_neg)))
+    else:
+        r = _llvm(i32, SRSHL, rounded, right_neg)
+    return _floor_zero(r, lanes) if relu else r
 
 
 def _aarch64_single(x, m, s, lanes: int, s_max: int = MAX_SHIFT["single"]):

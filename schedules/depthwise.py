@@ -185,10 +185,9 @@ def default_parallel_axis(shape: DepthwiseShape, channel_block: int,
     the 14x14 and 7x7 maps the border rows are a seventh to two fifths of the work, and
     the channels (8 to 60 blocks) split with none left over."""
     s = shape
-    regions = _regions(s.out_h, s.in_h, s.padding[0], s.kh, s.strides[0], s.dilation[0])
-    rows = [(r, r >= max(parallel_min_rows, 2)) for r in regions]
     if s.multiplier != 1 or s.channels % channel_block:
         return "rows"
+    rows = [(r, r >= max(parallel_min_rows, 2)) for r in _row_regions(s)]
     blocks = [(s.channels // channel_block, True)]
     by_rows = [_busiest_over_mean(rows, t) for t in BALANCE_THREADS]
     by_blocks = [_busiest_over_mean(blocks, t) for t in BALANCE_THREADS]
@@ -351,6 +350,23 @@ def _regions(n_out: int, size: int, pad_before: int, k: int, stride: int, dil: i
     return [int(e) for e in (first, stop - first, n_out - stop) if e > 0]
 
 
+def _row_regions(s: DepthwiseShape):
+    return _regions(s.out_h, s.in_h, s.padding[0], s.kh, s.strides[0], s.dilation[0])
+
+
+def _column_regions(s: DepthwiseShape):
+    return _regions(s.out_w, s.in_w, s.padding[1], s.kw, s.strides[1], s.dilation[1])
+
+
+def _inline_into_output(sch):
+    """The padded input (if any) and the accumulator inlined: the in-place forms have no
+    buffer between input and output."""
+    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
+    if "pad" in blocks:
+        sch.compute_inline(blocks["pad"])
+    sch.compute_inline(blocks["acc"])
+
+
 def _leaves(sch):
     out = []
 
@@ -487,17 +503,11 @@ def _schedule_direct(sch, s: DepthwiseShape, cb: int, rows_parallel):
     a border region a tap that can only see padding becomes the constant zp_in. The
     channel remainder is one narrower vector (8, 3, ... lanes).
     """
-    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
-    if "pad" in blocks:
-        sch.compute_inline(blocks["pad"])
-    sch.compute_inline(blocks["acc"])
-    pt, pl, _, _ = s.padding
-    _partition(sch, _leaves(sch), "oh",
-               _regions(s.out_h, s.in_h, pt, s.kh, s.strides[0], s.dilation[0]))
+    _inline_into_output(sch)
+    _partition(sch, _leaves(sch), "oh", _row_regions(s))
     # The row loop of each row region, before the column partitions hide it in blocks.
     rows_parallel([lp for lp in (_loop(sch, b, "oh") for b in _leaves(sch)) if lp is not None])
-    _partition(sch, _leaves(sch), "ow",
-               _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
+    _partition(sch, _leaves(sch), "ow", _column_regions(s))
     _channel_blocks(sch, s.channels, cb)
 
 
@@ -513,20 +523,14 @@ def _schedule_direct_channels(sch, s: DepthwiseShape, cb: int, parallel: bool):
     A task is a channel block over the whole map, border rows included, so no row runs
     on the calling thread alone; the block's weights stay in registers for the map.
     """
-    blocks = {sch.get(b).name_hint: b for b in _leaves(sch)}
-    if "pad" in blocks:
-        sch.compute_inline(blocks["pad"])
-    sch.compute_inline(blocks["acc"])
-    n, oh, ow, oc = sch.get_loops(blocks["output"])
+    _inline_into_output(sch)
+    n, oh, ow, oc = sch.get_loops(sch.get_sblock("output"))
     block, lanes = sch.split(oc, [None, cb])
     sch.reorder(block, n, oh, ow, lanes)
     if parallel:
         sch.parallel(block)
-    pt, pl, _, _ = s.padding
-    _partition(sch, _leaves(sch), "oh",
-               _regions(s.out_h, s.in_h, pt, s.kh, s.strides[0], s.dilation[0]))
-    _partition(sch, _leaves(sch), "ow",
-               _regions(s.out_w, s.in_w, pl, s.kw, s.strides[1], s.dilation[1]))
+    _partition(sch, _leaves(sch), "oh", _row_regions(s))
+    _partition(sch, _leaves(sch), "ow", _column_regions(s))
     for b in _leaves(sch):
         sch.vectorize(sch.get_loops(b)[-1])
 
