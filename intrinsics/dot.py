@@ -95,7 +95,8 @@ def _by_element(kernel: Kernel):
     return forms.build_impl(kernel, emit)
 
 
-def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
+def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=None,
+                a_extent: int | None = None):
     """A by-element kernel over a whole K loop with A read in place (``forms.desc_direct``):
     A is mr rows of the input laid out as ``window`` says (``forms.DirectWindow``: each
     row one or more runs of contiguous K elements), unpacked; B is n_tiles packed column
@@ -115,6 +116,10 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
     The n_tiles * mr accumulators stay in registers across K and every A load serves
     n_tiles * 4 instructions. A run's tail of fewer than four steps loads each step's
     4 bytes of a row on its own.
+
+    A by-pixel window (the INDIRECT form) takes each row's offset in A from ``rows``
+    (``DirectWindow.row_offsets``), A being the whole flat input of ``a_extent``
+    elements; the instructions are the same.
     """
     from tvm import tirx
     from tvm.script import tirx as T
@@ -128,8 +133,10 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
     full, tail = divmod(steps, chunk)
     vector = f"x{_LANES * _GROUP}"
     row = f"{kernel.acc_dtype}x{nr}"
+    base = window.row_offsets(mr, rows)
 
     def emit(A, B, C):
+        load = forms.row_loader(A, window, base)
         # accumulator (tile, i) at lanes [(tile * mr + i) * nr, +nr); constant indices
         # only, so LLVM keeps the buffer in registers
         acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
@@ -154,16 +161,15 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
             if full:
                 with T.serial(full) as c:
                     a_groups = [T.bind(tirx.reinterpret(
-                        f"int32x{_LANES}", A.vload([i * window.stride + start + c * chunk * kr],
-                                                   kernel.a_dtype + vector)))
+                        f"int32x{_LANES}",
+                        load(i, start + c * chunk * kr, kernel.a_dtype + vector)))
                         for i in range(mr)]
                     for t in range(chunk):
                         accumulate(first_step + c * chunk + t, a_groups, t)
             for t in range(tail):
                 step = full * chunk + t
                 a_groups = [T.bind(tirx.Broadcast(tirx.reinterpret(
-                    "int32", A.vload([i * window.stride + start + step * kr],
-                                     f"{kernel.a_dtype}x{kr}")), _LANES))
+                    "int32", load(i, start + step * kr, f"{kernel.a_dtype}x{kr}")), _LANES))
                     for i in range(mr)]
                 accumulate(first_step + step, a_groups, 0)
 
@@ -176,7 +182,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
                 T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),
                                [tile, i, tirx.Ramp(0, 1, nr)])
 
-    return forms.build_impl_direct(kernel, window, n_tiles, emit)
+    return forms.build_impl_direct(kernel, window, n_tiles, emit, a_extent)
 
 
 def impl(kernel: Kernel):

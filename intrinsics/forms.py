@@ -8,6 +8,8 @@ A kernel (``kernels.Kernel``) lists the forms it can be tensorized in (``kernel.
              partial sums kept in registers and reduced once
     DIRECT   a whole K loop of n_tiles micro-tiles side by side     desc_direct
              with A read in place from the input (``DirectWindow``)
+    INDIRECT DIRECT's instructions with each row of A at its own    (none: indirect.py
+             output pixel (a by-pixel ``DirectWindow``)              lowers it)
 
 Each desc is scalar TVMScript, the same for every kernel. The impl (the instruction
 sequence) comes from the kernel's module (``mmla.py``, ``dot.py``, ``neon.py``), which
@@ -23,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
-from .kernels import BLOCK, DIRECT, K_LOOP, Kernel
+from .kernels import BLOCK, DIRECT, INDIRECT, K_LOOP, Kernel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,8 +41,11 @@ class Implementation:
 
     @property
     def forms(self) -> tuple[str, ...]:
+        """The forms implemented: the direct builder also does INDIRECT (given each
+        row's offset, ``DirectWindow.row_offsets``)."""
         return tuple(f for f, fn in ((BLOCK, self.block), (K_LOOP, self.k_loop),
-                                     (DIRECT, self.direct)) if fn is not None)
+                                     (DIRECT, self.direct), (INDIRECT, self.direct))
+                     if fn is not None)
 
 
 # ------------------------------------------------------------- desc / impl
@@ -203,6 +208,15 @@ class DirectWindow:
     segments: int = 1
     segment_stride: int = 0
     row_stride: int | None = None  # None: the rows are consecutive runs (pointwise)
+    # Rows at their own output pixels (the INDIRECT form): each row of a micro-tile starts
+    # at its pixel's origin, so a micro-tile may cross output rows (and images); the
+    # window then describes one row's runs, and ``row_stride`` is unused.
+    by_pixel: bool = False
+
+    @classmethod
+    def of_pixels(cls, segment: int, segments: int = 1, segment_stride: int = 0):
+        """The window of the INDIRECT form: one row's runs, rows where their pixels are."""
+        return cls(segment, segments, segment_stride, None, True)
 
     @classmethod
     def pointwise(cls, k: int) -> "DirectWindow":
@@ -223,10 +237,24 @@ class DirectWindow:
 
     @property
     def tag(self) -> str:
-        """The window's part of a TensorIntrin name."""
+        """The window's part of a TensorIntrin name (a by-pixel window's ends in _p)."""
+        if self.by_pixel:
+            return f"k{self.segment}x{self.segments}_s{self.segment_stride}_p"
         if self.segments == 1 and self.row_stride is None:
             return f"k{self.segment}"
         return f"k{self.segment}x{self.segments}_s{self.segment_stride}_r{self.stride}"
+
+    def row_offsets(self, mr: int, rows=None) -> list:
+        """Where each of the mr rows of A starts in an impl's A buffer: ``i * stride`` in
+        an affine window, the given offsets (``rows``, one PrimExpr per row) in a
+        by-pixel one."""
+        if self.by_pixel:
+            if rows is None or len(rows) != mr:
+                raise ValueError(f"a by-pixel window needs {mr} row offsets, got {rows!r}")
+            return list(rows)
+        if rows is not None:
+            raise ValueError("an affine window's rows are i * stride apart: no offsets")
+        return [i * self.stride for i in range(mr)]
 
 
 def direct_name(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
@@ -234,13 +262,19 @@ def direct_name(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
     return f"{kernel.name}__direct_{window.tag}_n{n_tiles}"
 
 
-def _direct_func(kernel: Kernel, window: DirectWindow, n_tiles: int, name: str, body):
+def _direct_func(kernel: Kernel, window: DirectWindow, n_tiles: int, name: str, body,
+                 a_extent: int | None = None):
     """A PrimFunc with the signature of the direct-read form. A: the flat window of the
     input holding the mr rows (``DirectWindow``), so the GEMM may index the NHWC input by
-    flat offset. B: n_tiles packed column blocks over the whole K loop. C: n_tiles
+    flat offset; by pixel (``window.by_pixel``), the whole flat input, ``a_extent``
+    elements. B: n_tiles packed column blocks over the whole K loop. C: n_tiles
     row-major [mr, nr] windows."""
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
-    return _intrin_func(kernel, name, (window.extent(mr),), (n_tiles, window.k // kr, nr, kr),
+    if window.by_pixel == (a_extent is None):
+        raise ValueError(f"{kernel.name}: the A extent is given for a by-pixel window, "
+                         "and only for one")
+    a_shape = (a_extent,) if window.by_pixel else (window.extent(mr),)
+    return _intrin_func(kernel, name, a_shape, (n_tiles, window.k // kr, nr, kr),
                         (n_tiles, mr, nr), body)
 
 
@@ -254,6 +288,10 @@ def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
     iters are in the GEMM block's order (``conv2d_gemm.direct_gemm_te``)."""
     from tvm.script import tirx as T
 
+    if window.by_pixel:
+        raise ValueError(f"{kernel.name}: a by-pixel window has no desc: its rows are not "
+                         "affine in the row index, so tensorize cannot match it (the "
+                         "INDIRECT form is lowered by indirect.py)")
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     blocks, c_dt = window.segment // kr, kernel.acc_dtype
     segmented = window.segments > 1
@@ -278,10 +316,31 @@ def desc_direct(kernel: Kernel, window: DirectWindow, n_tiles: int):
                         body)
 
 
-def build_impl_direct(kernel: Kernel, window: DirectWindow, n_tiles: int, emit):
+def build_impl_direct(kernel: Kernel, window: DirectWindow, n_tiles: int, emit,
+                      a_extent: int | None = None):
     """An impl PrimFunc with the signature of ``desc_direct(kernel, window, n_tiles)``;
-    ``emit(A, B, C)`` adds the instruction sequence."""
-    return _direct_func(kernel, window, n_tiles, direct_name(kernel, window, n_tiles), emit)
+    ``emit(A, B, C)`` adds the instruction sequence. A by-pixel window's impl (the
+    INDIRECT form, which ``indirect.py`` lowers: it has no desc) reads A from the whole
+    flat input of ``a_extent`` elements."""
+    return _direct_func(kernel, window, n_tiles, direct_name(kernel, window, n_tiles), emit,
+                        a_extent)
+
+
+def row_loader(A, window: DirectWindow, offsets: list):
+    """In an impl being built: ``load(i, offset, dtype)``, the vector of ``dtype`` at
+    ``offset`` into row i of A. An affine window reads A at the row's constant offset. A
+    by-pixel window's row starts (each a few divisions of the micro-tile's pixel index)
+    become one pointer per row, computed once: the K loop then walks mr pointers by the
+    same increments. (Indexed as A[start_i + offset] instead, LLVM's SLP vectorizer
+    packed the mr sums into vector registers and moved each address back lane by lane,
+    every K step: neon's by-pixel K loop ran 35% slower than the packed one.)"""
+    from tvm.script import tirx as T
+
+    if not window.by_pixel:
+        return lambda i, offset, dtype: A.vload([offsets[i] + offset], dtype)
+    rows = [T.decl_buffer((window.extent(1),), A.ty.dtype, data=T.bind(T.address_of(A[o])))
+            for o in offsets]
+    return lambda i, offset, dtype: rows[i].vload([offset], dtype)
 
 
 def for_each_run(window: DirectWindow, run) -> None:

@@ -16,7 +16,7 @@ and C is any row-major [mr, nr] window (row stride free). What differs between k
 Three kinds of record, all data:
 
     Kernel    one micro-kernel: its block, operand types, instruction, the forms it can be
-              tensorized in (``BLOCK``, ``K_LOOP``, ``DIRECT``: see forms.py) and the cost
+              tensorized in (``BLOCK``, ``K_LOOP``, ``DIRECT``, ``INDIRECT``: see forms.py) and the cost
               facts the schedule's register model reads (``Cost``)
     Family    the kernels of one instruction sequence (one name without the block shape):
               they differ in rows (a one-row member runs GEMMs of one row and the last
@@ -93,7 +93,10 @@ K_LOOP = "k_loop"  # a whole K loop of blocks per call: a kernel that reduces in
 #                    sums in registers across K and reduces once
 DIRECT = "direct"  # a whole K loop with A read in place from the input, unpacked (an
 #                    implicit GEMM: no im2col copy), n_tiles micro-tiles side by side
-FORMS = (BLOCK, K_LOOP, DIRECT)
+INDIRECT = "indirect"  # DIRECT's instructions with each row of A at its own output pixel
+#                    (micro-tiles may cross output rows): not tensorized, lowered by
+#                    indirect.py from a marked block
+FORMS = (BLOCK, K_LOOP, DIRECT, INDIRECT)
 
 # The ways an instruction does a block (``Kernel.usage``).
 USAGES = ("scalar", "widening", "by_element", "matrix")
@@ -115,7 +118,13 @@ class Cost:
     ``spills_over_long_k``: a macro tile whose epilogue spills is still the better one once
     K has ``gemm_plan.LONG_K_BLOCKS`` blocks (by-element sdot); ``direct_at_any_k``: a
     pointwise GEMM reads A in place whatever K, the pack (an interleaving copy) costing more
-    than the passes over A (widening smull/sadalp).
+    than the passes over A (widening smull/sadalp); ``by_pixel_max_passes``: the most
+    column passes over A at which a GEMM reads A by pixel (INDIRECT) rather than packing
+    it, None for any number (each pass walks mr row pointers, one add each per K step:
+    nothing next to n_tiles micro-tiles of sdot sharing each load, 4 more instructions
+    in the widening kernel's 76, which one micro-tile per pass pays alone);
+    ``reads_in_place``: whether the plan uses the DIRECT / INDIRECT forms at all where the
+    layer allows (False: they exist and are tested, and packing is faster).
     """
 
     macs: int = 0
@@ -123,9 +132,17 @@ class Cost:
     direct_operands: int = 0
     spills_over_long_k: bool = False
     direct_at_any_k: bool = False
+    by_pixel_max_passes: int | None = None
+    reads_in_place: bool = True
 
 
 _LANES = 4  # int32 lanes of a 128-bit register
+# Measured at neon (scripts/bench_layers.py, armperf 3, packed -> by pixel, tflite /
+# tvm_armq): DenseNet's 3x3 128 -> 32 at 14 x 14 and 7 x 7 (8 column passes) 1.014 ->
+# 1.023 and 0.980 -> 0.986; ResNet-50's 3x3 256 -> 256 at 14 x 14 (64 passes) 1.015 ->
+# 1.006, 512 -> 512 at 7 x 7 (128) 0.968 -> 0.964, its stride-2 1x1s (64, 128) 1.007 ->
+# 0.981 and 0.965 -> 0.949.
+WIDENING_BY_PIXEL_MAX_PASSES = 16
 
 
 def _cost(usage: str, mr: int, nr: int, kr: int, forms: tuple[str, ...]) -> Cost:
@@ -133,12 +150,20 @@ def _cost(usage: str, mr: int, nr: int, kr: int, forms: tuple[str, ...]) -> Cost
     rows_of_c = -(-mr * nr // _LANES)
     if usage == "widening":  # smull (+ smull2 for 16 bytes) per (row, column) of C
         return Cost(macs=mr * nr * (kr // 8), accumulators=mr * nr,
-                    direct_operands=mr + nr if DIRECT in forms else 0, direct_at_any_k=True)
+                    direct_operands=mr + nr if DIRECT in forms else 0, direct_at_any_k=True,
+                    by_pixel_max_passes=WIDENING_BY_PIXEL_MAX_PASSES)
     if usage == "by_element":  # one sdot per row of C; direct: mr A rows + one B block
         return Cost(macs=mr, accumulators=rows_of_c,
                     direct_operands=mr + 1 if DIRECT in forms else 0, spills_over_long_k=True)
-    if usage == "matrix":  # one smmla / bfmmla per block
-        return Cost(macs=1, accumulators=rows_of_c)
+    if usage == "matrix":  # one smmla / bfmmla per block; direct: 2 A rows, 2 zipped, 1 B
+        # Read in place, one K loop covers one row pair (2 x n_tiles * 2 outputs), so no
+        # second pair shares its B loads; the packed loop's 2 x 4 tiles of 2 x 2 do.
+        # Measured at i8mm (armperf 3, packed -> in place, tflite / tvm_armq): v1.pw3
+        # 1.774 -> 1.589, v1.pw7-11 1.904 -> 1.668, r50.s4.3x3 1.912 -> 1.675 (by
+        # pixel), d121.b3.3x3 1.669 -> 1.639 (by pixel): the plan packs.
+        return Cost(macs=1, accumulators=rows_of_c,
+                    direct_operands=2 * mr + 1 if DIRECT in forms else 0,
+                    reads_in_place=False)
     return Cost()  # the scalar reference: never tensorized, never costed
 
 
@@ -290,6 +315,13 @@ def _ref(a: str, b: str, acc: str) -> Family:
     return Family(family_name(a, b, acc, "ref"), (kernel,))
 
 
+def _with_indirect(forms: tuple[str, ...], mr: int) -> tuple[str, ...]:
+    """A kernel with a DIRECT form also has the INDIRECT one (the same instructions, each
+    row at its own pixel) when it has rows to place: a one-row kernel's single row is
+    always where the affine window puts it."""
+    return forms + (INDIRECT,) if DIRECT in forms and mr > 1 else forms
+
+
 def _widening(dtype: str) -> Family:
     """The Armv8.0 widening kernels of one signedness (neon.py): smull (umull) + saddlp /
     sadalp (uaddlp / uadalp) + addp."""
@@ -303,7 +335,7 @@ def _widening(dtype: str) -> Family:
         return Kernel(kernel_name(dtype, dtype, "int32", mr, 4, kr, "neon"), mr, 4, kr,
                       dtype, dtype, "int32", "neon", ("has_asimd",),
                       (mull, adalp if kr == 16 else addlp, "addp"), "widening", "neon",
-                      summary, forms)
+                      summary, _with_indirect(forms, mr))
 
     # The block form multiplies the halves of a 16-byte row with smull/smull2; the whole-K
     # form works on 8-byte halves with smull alone, so smull2 is not listed.
@@ -326,7 +358,7 @@ def _by_element(dtype: str) -> Family:
     def kernel(mr, summary):
         return Kernel(kernel_name(dtype, dtype, "int32", mr, 4, 4, "dotprod"), mr, 4, 4,
                       dtype, dtype, "int32", "dotprod", ("has_dotprod",), (mnemonic,),
-                      "by_element", "dot", summary, forms)
+                      "by_element", "dot", summary, _with_indirect(forms, mr))
 
     return Family(family_name(dtype, dtype, "int32", "dotprod"), (
         kernel(4, f"{mnemonic} (by element)"),
@@ -337,8 +369,11 @@ def _by_element(dtype: str) -> Family:
 def _mmla(a: str, b: str, acc: str, isa: str, kr: int, mnemonic: str) -> Family:
     """An Armv8.6 matrix multiply-accumulate (mmla.py): one instruction per 2 x 2 block."""
     feature = "has_bf16" if isa == "bf16" else "has_matmul_i8"
+    # int8 x int8 reads A in place too (two zips interleave two input rows); bf16's A is
+    # converted from float32 as it is packed, so it always packs
+    forms = _with_indirect((BLOCK, DIRECT), 2) if (a, b) == ("int8", "int8") else (BLOCK,)
     kernel = Kernel(kernel_name(a, b, acc, 2, 2, kr, isa), 2, 2, kr, a, b, acc, isa,
-                    (feature,), (mnemonic,), "matrix", "mmla", mnemonic)
+                    (feature,), (mnemonic,), "matrix", "mmla", mnemonic, forms)
     return Family(family_name(a, b, acc, isa), (kernel,))
 
 

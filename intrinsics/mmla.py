@@ -133,4 +133,82 @@ def impl(kernel: Kernel):
     return forms.build_impl(kernel, emit)
 
 
-IMPLEMENTS = forms.Implementation(block=impl)
+def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=None,
+                a_extent: int | None = None):
+    """An integer mmla kernel over a whole K loop with A read in place (``forms.desc_direct``;
+    a by-pixel window, the INDIRECT form, takes each row's start from ``rows`` in the whole
+    flat input of ``a_extent`` elements): the micro-tile's two rows of A are runs of the
+    input (``forms.DirectWindow``), B is n_tiles packed column blocks.
+
+    smmla wants the two rows interleaved by K block (Vn = row 0's 8 bytes, then row 1's),
+    which the pack does once. Read in place, 16 bytes of each row hold two K blocks, and
+    two zips of the 64-bit halves make both operands:
+
+        for each run r, each 16 bytes c of the run:
+            R0 = A[row 0, run r, 16c : 16c+16]      R1 = A[row 1, ...]
+            Vn_even = zip1.2d(R0, R1)   = | row 0, block 2c   | row 1, block 2c   |
+            Vn_odd  = zip2.2d(R0, R1)   = | row 0, block 2c+1 | row 1, block 2c+1 |
+            for tile < n_tiles:  Vc[tile] = smmla(Vc[tile], Vn_even, B[tile, block 2c])
+                                 Vc[tile] = smmla(Vc[tile], Vn_odd, B[tile, block 2c+1])
+
+    The n_tiles accumulators (one register each: the 2 x 2 block, lane 2i + j) stay in
+    registers across K and every pair of A loads serves 2 * n_tiles instructions. A run of
+    an odd number of blocks takes its last block from two 8-byte loads.
+    """
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    if kernels.DIRECT not in kernel.forms:
+        raise ValueError(f"{kernel.name} has no direct-read form (integer mmla only)")
+    kr = _VECTOR_BITS // (_ROWS * _bits(kernel.a_dtype))
+    forms.check_shape(kernel, _ROWS, _ROWS, kr)
+    mr, nr = kernel.mr, kernel.nr
+    ab_lanes = mr * kr  # elements of one A (or B) block: one 128-bit register
+    acc_vec, row_vec = f"{kernel.acc_dtype}x{mr * nr}", f"{kernel.acc_dtype}x{nr}"
+    blocks = window.segment // kr  # K blocks per run
+    pairs, odd = divmod(blocks, 2)
+    base = window.row_offsets(mr, rows)
+    # lanes of two rows' 16 bytes that make the even and the odd block's operand
+    even = list(range(kr)) + list(range(ab_lanes, ab_lanes + kr))
+    odd_lanes = list(range(kr, ab_lanes)) + list(range(ab_lanes + kr, 2 * ab_lanes))
+
+    def emit(A, B, C):
+        load = forms.row_loader(A, window, base)
+        acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
+        for t in range(n_tiles):  # the tile's 2 x 2 window, lane 2i + j
+            c_rows = [C.vload([t, i, 0], row_vec) for i in range(mr)]
+            T.buffer_store(acc, tirx.Shuffle(c_rows, list(range(mr * nr))),
+                           [tirx.Ramp(t * mr * nr, 1, mr * nr)])
+
+        def multiply(block, va):
+            for t in range(n_tiles):
+                vb = B.vload([t, block, 0, 0], f"{kernel.b_dtype}x{ab_lanes}")
+                old = acc.vload([t * mr * nr], acc_vec)
+                T.buffer_store(acc, tirx.call_llvm_pure_intrin(
+                    acc_vec, LLVM_INTRINSIC[kernel.name], old, va, vb),
+                    [tirx.Ramp(t * mr * nr, 1, mr * nr)])
+
+        def run(r):
+            start, first = r * window.segment_stride, r * blocks
+            if pairs:
+                with T.serial(pairs) as c:
+                    both = [T.bind(load(i, start + c * 2 * kr, f"{kernel.a_dtype}x{ab_lanes}"))
+                            for i in range(mr)]
+                    multiply(first + 2 * c, T.bind(tirx.Shuffle(both, even)))
+                    multiply(first + 2 * c + 1, T.bind(tirx.Shuffle(both, odd_lanes)))
+            if odd:
+                halves = [load(i, start + pairs * 2 * kr, f"{kernel.a_dtype}x{kr}")
+                          for i in range(mr)]
+                multiply(first + 2 * pairs, T.bind(tirx.Shuffle(halves, list(range(ab_lanes)))))
+
+        forms.for_each_run(window, run)
+        for t in range(n_tiles):
+            res = acc.vload([t * mr * nr], acc_vec)
+            for i in range(mr):
+                T.buffer_store(C, tirx.Shuffle([res], list(range(i * nr, (i + 1) * nr))),
+                               [t, i, tirx.Ramp(0, 1, nr)])
+
+    return forms.build_impl_direct(kernel, window, n_tiles, emit, a_extent)
+
+
+IMPLEMENTS = forms.Implementation(block=impl, direct=impl_direct)

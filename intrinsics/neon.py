@@ -165,7 +165,8 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
     return forms.build_impl_k_loop(kernel, k_blocks, emit)
 
 
-def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
+def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=None,
+                a_extent: int | None = None):
     """The whole-K kernel (``impl_k_loop``) with A read in place (``forms.desc_direct``):
     its rows are runs of the input as ``window`` says (``forms.DirectWindow``), not a
     packed block. The packed A block of this kernel is four rows of 16 consecutive K
@@ -180,6 +181,9 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
 
     One micro-tile's 16 partial-sum vectors and 8 operand halves fill the register file,
     so ``conv2d_gemm`` picks n_tiles = 1 (more tiles are correct, and spill).
+
+    A by-pixel window (the INDIRECT form) takes each row's offset in A from ``rows``, A
+    being the whole flat input of ``a_extent`` elements (as ``dot.impl_direct``).
     """
     from tvm import tirx
     from tvm.script import tirx as T
@@ -189,8 +193,10 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
     mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
     products = f"{prod_dtype}x{_HALF}"
     blocks = window.segment // kr
+    base = window.row_offsets(mr, rows)
 
     def emit(A, B, C):
+        load = forms.row_loader(A, window, base)
         # S_tij at lanes [((t * mr + i) * nr + j) * 4, +4): constant indices only
         partial = T.alloc_buffer((n_tiles * mr * nr * _LANES,), "int32", scope="local")
 
@@ -208,7 +214,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
             with T.serial(blocks) as kb:
                 with T.serial(kr // _HALF) as h:
                     offset = r * window.segment_stride + kb * kr + h * _HALF
-                    a_half = [T.bind(A.vload([i * window.stride + offset], half))
+                    a_half = [T.bind(load(i, offset, half))
                               for i in range(mr)]
                     for t in range(n_tiles):
                         b_half = [T.bind(B.vload([t, r * blocks + kb, j, h * _HALF], half))
@@ -232,7 +238,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int):
                 T.buffer_store(C, C.vload([t, i, 0], f"{kernel.acc_dtype}x{nr}") + row,
                                [t, i, tirx.Ramp(0, 1, nr)])
 
-    return forms.build_impl_direct(kernel, window, n_tiles, emit)
+    return forms.build_impl_direct(kernel, window, n_tiles, emit, a_extent)
 
 
 IMPLEMENTS = forms.Implementation(block=impl, k_loop=impl_k_loop, direct=impl_direct)

@@ -90,8 +90,24 @@ def register_direct(kernel: Kernel, window: DirectWindow, n_tiles: int) -> str:
 
 _K_LOOP_RE = re.compile(r"^(?P<kernel>gemm_[a-z0-9_]+?)__k(?P<blocks>\d+)$")
 _DIRECT_RE = re.compile(r"^(?P<kernel>gemm_[a-z0-9_]+?)__direct_k(?P<segment>\d+)"
-                        r"(?:x(?P<segments>\d+)_s(?P<stride>\d+)_r(?P<row>\d+))?"
+                        r"(?:x(?P<segments>\d+)_s(?P<stride>\d+)_(?:r(?P<row>\d+)|(?P<pixel>p)))?"
                         r"_n(?P<n_tiles>\d+)$")
+
+
+def parse_direct_name(name: str) -> tuple[Kernel, DirectWindow, int]:
+    """(kernel, window, n_tiles) of a direct-read form's name (``forms.direct_name``; a
+    by-pixel window's is the INDIRECT form's, ``indirect.MARK``)."""
+    m = _DIRECT_RE.match(name)
+    if not m:
+        raise ValueError(f"{name!r} is not the name of a tvm_armq direct-read form")
+    if m["segments"] is None:
+        window = DirectWindow.pointwise(int(m["segment"]))
+    elif m["pixel"]:
+        window = DirectWindow.of_pixels(int(m["segment"]), int(m["segments"]), int(m["stride"]))
+    else:
+        window = DirectWindow(int(m["segment"]), int(m["segments"]), int(m["stride"]),
+                              int(m["row"]))
+    return get(m["kernel"]), window, int(m["n_tiles"])
 
 
 def register_named(name: str) -> str:
@@ -107,12 +123,12 @@ def register_named(name: str) -> str:
     m = _K_LOOP_RE.match(name)
     if m:
         return register_k_loop(get(m["kernel"]), int(m["blocks"]))
-    m = _DIRECT_RE.match(name)
-    if m:
-        window = (DirectWindow.pointwise(int(m["segment"])) if m["segments"] is None
-                  else DirectWindow(int(m["segment"]), int(m["segments"]), int(m["stride"]),
-                                    int(m["row"])))
-        return register_direct(get(m["kernel"]), window, int(m["n_tiles"]))
+    if _DIRECT_RE.match(name):
+        kernel, window, n_tiles = parse_direct_name(name)
+        if window.by_pixel:
+            raise ValueError(f"{name!r} is an INDIRECT form: it is lowered by "
+                             "intrinsics.indirect, never registered as a TensorIntrin")
+        return register_direct(kernel, window, n_tiles)
     raise ValueError(f"{name!r} is not the name of a tvm_armq TensorIntrin")
 
 

@@ -195,8 +195,8 @@ def packed_gemm_te(a_packed, b_packed, acc_dtype: str, name: str = "gemm"):
 
 
 # The gemm block's annotation in a direct-read func: its DirectWindow, as [segment,
-# segments, segment_stride, row_stride (-1: consecutive runs)], for a reader of the TIR
-# and of tuning records; the schedule reads the plan.
+# segments, segment_stride, row_stride (-1: consecutive runs), by_pixel (0 or 1)], for a
+# reader of the TIR and of tuning records; the schedule reads the plan.
 DIRECT_WINDOW = "tvm_armq.direct_window"
 
 
@@ -220,8 +220,14 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
     block is run * blocks + block.
 
     ``rows`` = (first, count): only the GEMM's rows [first, first + count) (pointwise:
-    a row tail's GEMM or the rows before it), as in ``im2col_packed_te``."""
-    from tvm import te
+    a row tail's GEMM or the rows before it), as in ``im2col_packed_te``.
+
+    A by-pixel window (``DirectWindow.by_pixel``, the INDIRECT form) puts row i at its
+    own pixel m = bm * mr + i instead, origin(m) + run * segment_stride + e, so the
+    micro-tile may cross output rows; M need not be whole micro-tiles (the last one's
+    rows past M repeat pixel M - 1: computed, never stored). That index is not affine in
+    i: the schedule marks the block for ``intrinsics.indirect`` instead of tensorizing."""
+    from tvm import te, tirx
 
     mr, nr, kr = mr_nr_kr
     s = shape
@@ -229,25 +235,32 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
     if first and not s.is_pointwise:
         raise ValueError(f"conv2d_gemm: {s}: only a pointwise GEMM reads rows from {first}")
     G, nb = (int(d) for d in b_packed.shape[:2])
-    mb = count // mr
+    mb = ceil_div(count, mr) if window.by_pixel else count // mr
     blocks = window.segment // kr
     ohw = s.out_h * s.out_w
     rows, width = (int(d) for d in source.shape[1:3])
     sh, sw = s.strides
 
+    def pixel_origin(m):
+        """The first input element output pixel m's window reads (its top left)."""
+        b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
+        return ((b * rows + oh * sh) * width + ow * sw) * s.in_c
+
     def origin(bm):
         if s.is_pointwise:
             return (first + bm * mr) * window.segment
-        m0 = bm * mr
-        b, oh, ow0 = m0 // ohw, (m0 % ohw) // s.out_w, m0 % s.out_w
-        return ((b * rows + oh * sh) * width + ow0 * sw) * s.in_c
+        return pixel_origin(bm * mr)  # the micro-tile's rows are in one output row
 
     def a_at(bm, i, run, block, kk):
-        return (origin(bm) + i * window.stride + run * window.segment_stride
-                + block * kr + kk)
+        if window.by_pixel:
+            row = pixel_origin(tirx.min(bm * mr + i, count - 1))
+        else:
+            row = origin(bm) + i * window.stride
+        return row + run * window.segment_stride + block * kr + kk
 
     attrs = {DIRECT_WINDOW: [window.segment, window.segments, window.segment_stride,
-                             -1 if window.row_stride is None else window.row_stride]}
+                             -1 if window.row_stride is None else window.row_stride,
+                             int(window.by_pixel)]}
     rk = te.reduce_axis((0, kr), "kk")
     rb = te.reduce_axis((0, blocks), "kb")
     # a single run has no run axis (a unit loop the intrinsic's pattern would not match)

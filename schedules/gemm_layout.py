@@ -35,6 +35,8 @@ bytes, a kernel with a DIRECT form reads them where they lie, with no A_packed a
     kh x kw           row m = output pixel m's window: kh runs (kernel rows) of kw * in_c
                       bytes, in the input or its bordered copy; the mr rows of a
                       micro-tile are mr consecutive pixels of one output row
+    by pixel          the same runs, each row at its own output pixel, so a micro-tile
+                      may cross output rows (the INDIRECT form: 14 x 14, 7 x 7 maps)
 
 Zero points: TFLite computes sum_k (a - zp_a) * w + bias. With w symmetric this is
 sum_k a * w - zp_a * sum_k w + bias, and the last two terms are constants of the layer:
@@ -177,7 +179,8 @@ def fold_bias(weight_hwio: np.ndarray, bias: np.ndarray, in_zp: int,
     return folded.astype(np.int32)
 
 
-def direct_window(shape: Conv2DShape, mr_nr_kr, rows: int | None = None):
+def direct_window(shape: Conv2DShape, mr_nr_kr, rows: int | None = None, *,
+                  by_pixel: bool = False):
     """Where the GEMM of ``shape`` would find its rows of A in the input, read in place
     (``forms.DirectWindow``, offsets into the input, or into its bordered copy
     ``data_padded`` when the layer pads), or None where A cannot be read in place:
@@ -194,6 +197,12 @@ def direct_window(shape: Conv2DShape, mr_nr_kr, rows: int | None = None):
 
     ``rows``: the GEMM's rows that are read (a row tail is a GEMM of its own), all of M if
     None.
+
+    ``by_pixel``: the window of the INDIRECT form instead (``DirectWindow.of_pixels``):
+    each row of a micro-tile at its own output pixel, so out_w need not be whole
+    micro-tiles, nor M (the last micro-tile repeats the last pixel); a kh x kw (or
+    strided, or padded 1x1) layer with the conditions above but that one. A pointwise
+    layer's rows are consecutive anyway: None.
     """
     from tvm_armq.intrinsics.forms import DirectWindow
 
@@ -201,6 +210,12 @@ def direct_window(shape: Conv2DShape, mr_nr_kr, rows: int | None = None):
     s = shape
     if s.groups != 1:
         return None
+    if by_pixel:
+        if s.is_pointwise or s.dilation[1] != 1 or s.in_c % kr or s.kw * s.in_c < 2 * kr:
+            return None
+        _, pl, _, pr = s.padding
+        width = s.in_w + pl + pr
+        return DirectWindow.of_pixels(s.kw * s.in_c, s.kh, s.dilation[0] * width * s.in_c)
     if s.is_pointwise:
         rows = s.gemm_m if rows is None else rows
         ok = rows % mr == 0 and s.gemm_k % kr == 0 and s.gemm_k >= 2 * kr

@@ -11,13 +11,15 @@ selection table gave it (``kernels.select``), and nowhere downstream:
     GemmPart
       kernel, first, rows        which rows, by which micro-kernel
       window                     A read in place (a DirectWindow), or None: packed
-      form                       BLOCK, K_LOOP or DIRECT (the TensorIntrin's form)
+      form                       BLOCK, K_LOOP, DIRECT (the TensorIntrin's form) or
+                                 INDIRECT (read by pixel, lowered by intrinsics/indirect.py)
       knobs                      the macro tile and K unrolling (``GemmKnobs``)
 
 The policy, with the measurements behind each constant:
 
     read in place or pack   ``reads_input_directly``: K >= DIRECT_MIN_K, or few column
-                            passes, or a widening kernel on a pointwise layer
+                            passes, or a widening kernel on a pointwise layer; where
+                            micro-tiles would cross output rows, ``reads_by_pixel``
     row tail                ``tail_kernel``: at most TAIL_MAX_SHARE of mr rows left over
     parallel tasks          ``row_chunks``: macro-tile columns, times row chunks where a
                             layer has fewer than SPLIT_MIN_COLUMN_BLOCKS channel blocks
@@ -104,15 +106,43 @@ def reads_input_directly(shape: Conv2DShape, kernel, rows: int | None = None) ->
     can (``can_read_input_directly``) and K is at least ``DIRECT_MIN_K``; below that
     (where the pack is cheaper) a pointwise layer still reads in place with a widening
     kernel, or where at most ``DIRECT_MAX_PASSES`` column passes read A (both measured on
-    pointwise layers only)."""
+    pointwise layers only). Never with a kernel whose ``Cost.reads_in_place`` is False
+    (smmla: its packed loop is faster)."""
     rows = gemm_rows(shape, kernel) if rows is None else rows
-    if not can_read_input_directly(shape, kernel, rows):
+    if not can_read_input_directly(shape, kernel, rows) or not kernel.cost.reads_in_place:
         return False
     if shape.gemm_k >= DIRECT_MIN_K:
         return True
     nb = ceil_div(shape.gemm_n, kernel.nr)
     return shape.is_pointwise and (kernel.cost.direct_at_any_k
                                    or nb // direct_n_tiles(nb, kernel) <= DIRECT_MAX_PASSES)
+
+
+def can_read_by_pixel(shape: Conv2DShape, kernel) -> bool:
+    """Whether the GEMM of ``shape`` *can* read A in place row by row at each row's own
+    output pixel (the INDIRECT form): a kernel with that form and a layer whose by-pixel
+    window exists (``direct_window(..., by_pixel=True)``)."""
+    return (kernel is not None and kernels.INDIRECT in kernel.forms
+            and direct_window(shape, (kernel.mr, kernel.nr, kernel.kr), by_pixel=True)
+            is not None)
+
+
+def reads_by_pixel(shape: Conv2DShape, kernel) -> bool:
+    """Whether the GEMM of ``shape`` reads A in place by pixel (INDIRECT) rather than
+    packing it: where the affine window does not apply (``reads_input_directly`` is
+    False: out_w no whole number of micro-tiles, or a strided 1x1 layer into such a map),
+    the by-pixel one does (``can_read_by_pixel``), K is at least ``DIRECT_MIN_K`` (the
+    same per-micro-row costs as the DIRECT form), and A is read by no more column passes
+    than the kernel's ``Cost.by_pixel_max_passes``. Measured at dotprod (armperf 3,
+    packed -> by pixel, tflite / tvm_armq): DenseNet's 3x3 128 -> 32 at 14 x 14 0.823 ->
+    1.010, at 7 x 7 0.844 -> 1.019; ResNet-50's 3x3s at 14 x 14 and 7 x 7 0.983 -> 1.009
+    and 0.991 -> 1.005, its stride-2 1x1s 0.987 -> 0.992 and 0.993 -> 0.994."""
+    if (reads_input_directly(shape, kernel) or not can_read_by_pixel(shape, kernel)
+            or shape.gemm_k < DIRECT_MIN_K or not kernel.cost.reads_in_place):
+        return False
+    most = kernel.cost.by_pixel_max_passes  # the instruction's measured limit, if any
+    nb = ceil_div(shape.gemm_n, kernel.nr)
+    return most is None or nb // direct_n_tiles(nb, kernel) <= most
 
 
 def tail_kernel(shape: Conv2DShape, kernel):
@@ -247,15 +277,16 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True,
     power-of-two output row up to ``STORE_CHANNELS`` (whole stores); the fewest live
     epilogue registers. (A by-element kernel's epilogue may spill from ``LONG_K_BLOCKS``
     K blocks.) K is unrolled by 2 when the K blocks allow. The scalar
-    reference kernel gets 1 x 1 tiles. A direct-read GEMM (``reads_input_directly``) runs
-    one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``direct_n_tiles``. A
+    reference kernel gets 1 x 1 tiles. A direct-read GEMM (``reads_input_directly``, or
+    ``reads_by_pixel``) runs one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``direct_n_tiles``. A
     kernel tensorized over the whole K loop (a ``K_LOOP`` form, more than one K
     block) gets one micro-tile per macro tile.
     """
-    rows = gemm_rows(shape, kernel) if rows is None else rows
+    by_pixel = rows is None and reads_by_pixel(shape, kernel)  # all M rows, no tail
+    rows = (shape.gemm_m if by_pixel else gemm_rows(shape, kernel)) if rows is None else rows
     return _knobs(kernel, ceil_div(rows, kernel.mr), ceil_div(shape.gemm_n, kernel.nr),
                   shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr,
-                  reads_input_directly(shape, kernel, rows), parallel)
+                  by_pixel or reads_input_directly(shape, kernel, rows), parallel)
 
 
 def _knobs(kernel, mb: int, nb: int, kb: int, direct: bool, parallel: bool) -> GemmKnobs:
@@ -329,7 +360,7 @@ class GemmPart:
         if self.kernel.intrin is None:
             return None
         if self.window is not None:
-            return kernels.DIRECT
+            return kernels.INDIRECT if self.window.by_pixel else kernels.DIRECT
         if kernels.K_LOOP in self.kernel.forms and self.k_blocks > 1:
             return kernels.K_LOOP
         return kernels.BLOCK
@@ -367,8 +398,12 @@ class GemmPlan:
 
 
 def _part(shape: Conv2DShape, kernel: Kernel, first: int, rows: int, direct: bool,
-          knobs: GemmKnobs | None, parallel: bool, suffix: str) -> GemmPart:
-    window = direct_window(shape, (kernel.mr, kernel.nr, kernel.kr), rows) if direct else None
+          knobs: GemmKnobs | None, parallel: bool, suffix: str,
+          by_pixel: bool = False) -> GemmPart:
+    tile = (kernel.mr, kernel.nr, kernel.kr)
+    window = (direct_window(shape, tile, by_pixel=True) if by_pixel
+              else direct_window(shape, tile, rows) if direct else None)
+    direct = window is not None
     k_blocks = shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr
     if knobs is None:
         knobs = _knobs(kernel, ceil_div(rows, kernel.mr), ceil_div(shape.gemm_n, kernel.nr),
@@ -377,7 +412,8 @@ def _part(shape: Conv2DShape, kernel: Kernel, first: int, rows: int, direct: boo
 
 
 def plan(shape: Conv2DShape, kernel: Kernel, *, knobs: GemmKnobs | None = None,
-         parallel: bool = True, direct: bool | None = None) -> GemmPlan:
+         parallel: bool = True, direct: bool | None = None,
+         by_pixel: bool | None = None) -> GemmPlan:
     """The plan of the GEMM of ``shape`` run by ``kernel`` (a record of
     ``intrinsics.kernels``; the reference keeps scalar loops).
 
@@ -385,18 +421,33 @@ def plan(shape: Conv2DShape, kernel: Kernel, *, knobs: GemmKnobs | None = None,
     ``parallel`` then decides). ``direct``: whether the main GEMM reads A in place, None
     as the policy says (``reads_input_directly``); True where the policy would pack (for
     tests and measurements) requires that it can (``can_read_input_directly``). A row
-    tail (``tail_kernel``) always follows the policy and gets its default knobs."""
+    tail (``tail_kernel``) always follows the policy and gets its default knobs.
+    ``by_pixel``: whether the main GEMM reads A in place by pixel (INDIRECT form: all M
+    rows, no row tail), None as the policy says (``reads_by_pixel``, where the affine
+    read is not taken); True requires that it can (``can_read_by_pixel``) and excludes
+    ``direct``."""
     if knobs is not None:
         parallel = knobs.parallel
     main_rows = gemm_rows(shape, kernel)
+    if by_pixel:
+        if direct:
+            raise ValueError(f"conv2d_gemm: {shape}: read in place affinely (direct) or "
+                             "by pixel, not both")
+        if not can_read_by_pixel(shape, kernel):
+            raise ValueError(f"conv2d_gemm: {shape} cannot read A by pixel with "
+                             f"{kernel.name} (gemm_layout.direct_window(by_pixel=True))")
     if direct is None:
-        direct = reads_input_directly(shape, kernel, main_rows)
+        direct = not by_pixel and reads_input_directly(shape, kernel, main_rows)
     elif direct and not can_read_input_directly(shape, kernel, main_rows):
         raise ValueError(f"conv2d_gemm: {shape} cannot read A in place with {kernel.name} "
                          "(gemm_layout.direct_window)")
-    main = _part(shape, kernel, 0, main_rows, direct, knobs, parallel, "")
+    if by_pixel is None:
+        by_pixel = not direct and reads_by_pixel(shape, kernel)
+    if by_pixel:
+        main_rows = shape.gemm_m  # the last micro-tile repeats the last pixel: no tail
+    main = _part(shape, kernel, 0, main_rows, direct, knobs, parallel, "", by_pixel)
     tail = None
-    twin = tail_kernel(shape, kernel)
+    twin = None if by_pixel else tail_kernel(shape, kernel)
     if twin is not None:
         rest = shape.gemm_m - main_rows
         tail = _part(shape, twin, main_rows, rest, reads_input_directly(shape, twin, rest),

@@ -37,7 +37,9 @@ def schedule_conv2d_gemm(func, plan: GemmPlan, target=None):
     The part's form (``GemmPart.form``) decides what is tensorized: BLOCK the (mr, nr, kr)
     block as above; K_LOOP the kb loop, one K loop per micro-tile (k_unroll unused);
     DIRECT (tj, kb): one K loop per row of micro-tiles, its n_tiles micro-tiles inside
-    it, A read in place (k_unroll unused). A row tail is scheduled the same way with its
+    it, A read in place (k_unroll unused); INDIRECT the same loops with A read by pixel,
+    blockized and marked for ``intrinsics.indirect``'s lowering at build time (the block
+    is not affine, so not tensorized). A row tail is scheduled the same way with its
     own part, and the result has one output (``tir_util.merge_outputs``). The scalar
     reference keeps scalar loops; any other kernel is tensorized for ``target``
     (``MissingTargetFeature`` if the target lacks its instruction).
@@ -117,11 +119,11 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     main part also schedules the input copy (``GemmPlan.input_copy``), which a row tail
     (pointwise, so without one) never has.
     """
-    from tvm_armq.intrinsics import registry
+    from tvm_armq.intrinsics import indirect, registry
 
     kernel, suffix, form = part.kernel, part.suffix, part.form
     parallel, vector_epilogue = plan.parallel, part.knobs.vector_epilogue
-    direct = form == kernels.DIRECT
+    direct = form in (kernels.DIRECT, kernels.INDIRECT)  # A read in place
     out, gemm = sch.get_sblock("output" + suffix), sch.get_sblock("gemm" + suffix)
     a_packed = None if part.window is not None else sch.get_sblock("A_packed" + suffix)
     # a direct-read conv reduces over (kernel row, K block, kk): the rows stay outermost
@@ -202,7 +204,11 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
         sch.vectorize(own[-1])
         for loop in own[:-1]:
             sch.unroll(loop)
-    if direct:
+    if form == kernels.INDIRECT:
+        # rows of A at their own pixels: not affine, so marked for intrinsics.indirect's
+        # lowering (the same instructions) instead of tensorized
+        indirect.mark(sch, tj, kernel, part.window, sch.get(tj).extent.value, target)
+    elif direct:
         n_tiles = sch.get(tj).extent.value  # a sampled n_tiles: its current decision
         registry.tensorize(sch, tj, kernel, target, direct=(part.window, n_tiles))
     elif whole_k:

@@ -40,6 +40,7 @@ REFERENCE = kernels.select(targets.resolve({"kind": "c"}), "int8", "int8")  # sc
 
 # What a case is for (``Case.tags``):
 DIRECT = "direct"        # a layer a DIRECT form can read in place (sdot, smull/sadalp)
+BY_PIXEL = "by_pixel"    # a layer whose micro-tiles cross output rows: the INDIRECT form
 ONE_ROW = "one_row"      # a GEMM of one row (M = 1)
 TAIL = "tail"            # a pointwise layer whose last M % 4 rows may be a row tail
 DEPTH8 = "depth8"        # K 1-8 past a multiple of 16: neon's 8-byte kernel
@@ -158,6 +159,19 @@ CASES = [
     _c("tail_batch2_rows50", S(2, 5, 5, 16, 12, 1, 1), -40, -128, TAIL),
     _c("tail_rows9_k20", S(1, 3, 3, 20, 8, 1, 1), 100, 1, TAIL),
     _c("no_tail_rows7", S.dense(7, 64, 16), -2, 2, TAIL),
+    # Read by pixel (the INDIRECT form, ``DirectWindow.by_pixel``): output rows that are
+    # no whole number of micro-tiles, so tiles cross rows (and images): a 7x7 map (M = 49,
+    # the last tile one real row), stride 2 over two images (tiles cross images), a
+    # strided 1x1 into a 7x7 map, rows dilated over 8 channels (neon's 8-byte kernel), a
+    # 7x7 kernel (M = 30).
+    _c("by_pixel_3x3_7x7_c16", S(1, 7, 7, 16, 12, 3, 3, padding=(1, 1, 1, 1)), -5, 3,
+       BY_PIXEL),
+    _c("by_pixel_3x3_s2_b2", S(2, 9, 11, 16, 20, 3, 3, strides=(2, 2), padding=(0, 1, 1, 1)),
+       70, -128, BY_PIXEL, act_range=(-128, 80)),
+    _c("by_pixel_1x1_s2_c32", S(1, 13, 13, 32, 8, 1, 1, strides=(2, 2)), -100, 6, BY_PIXEL),
+    _c("by_pixel_rows_dilated_c8", S(1, 10, 6, 8, 8, 3, 3, dilation=(2, 1),
+                                     padding=(2, 1, 2, 1)), 12, -7, BY_PIXEL, DEPTH8),
+    _c("by_pixel_7x7_c16", S(1, 5, 6, 16, 8, 7, 7, padding=(3, 3, 3, 3)), -30, 0, BY_PIXEL),
     # the clamp's floor above the output zero point: qmuls_relu and the floor both kept
     # (lo == zp, where the floor goes, is every ReLU case above: out_zp -128 or -100)
     _c("floor_above_zp", S(1, 5, 6, 12, 16, 1, 1), 9, -40, act_range=(-25, 100)),
@@ -192,9 +206,15 @@ def applies(kernel, case: Case) -> bool:
     return True
 
 
+# How a sweep entry reads A (``_build``): packed, in place along output rows (DIRECT), in
+# place by pixel (INDIRECT).
+PACKED, IN_PLACE, BY_PIXEL_READ = "packed", "direct", "by_pixel"
+
+
 def sweep(level: str) -> list[tuple]:
-    """(kernel, case, direct) of the level's sweep: every int8 kernel whose lowest level is
-    ``level``, every case it applies to, packed and (where it can) read in place."""
+    """(kernel, case, read) of the level's sweep: every int8 kernel whose lowest level is
+    ``level``, every case it applies to, packed and (where it can) read in place, along
+    output rows and by pixel."""
     out = []
     for kernel in INT8_KERNELS:
         if lowest_level(kernel) != level:
@@ -202,10 +222,12 @@ def sweep(level: str) -> list[tuple]:
         for case in CASES:
             if not applies(kernel, case):
                 continue
-            out.append((kernel, case, False))
+            out.append((kernel, case, PACKED))
             if gemm_plan.can_read_input_directly(case.shape, kernel,
                                                  gemm_plan.gemm_rows(case.shape, kernel)):
-                out.append((kernel, case, True))
+                out.append((kernel, case, IN_PLACE))
+            if gemm_plan.can_read_by_pixel(case.shape, kernel):
+                out.append((kernel, case, BY_PIXEL_READ))
     return out
 
 
@@ -240,9 +262,18 @@ def _quant(case: Case, **extra) -> dict:
     return dict(in_zp=case.in_zp, out_zp=case.out_zp, act_range=case.act_range, **extra)
 
 
-def _build(case: Case, kernel, target, *, knobs=None, direct=None, **extra):
-    """The scheduled conv2d GEMM of ``case`` with ``kernel`` and its plan."""
-    plan = gemm_plan.plan(case.shape, kernel, knobs=knobs, direct=direct)
+def _reads(read: str | None) -> dict:
+    """``gemm_plan.plan``'s arguments for a sweep entry's read (None: the policy's)."""
+    if read is None:
+        return {}
+    return {"direct": read == IN_PLACE, "by_pixel": read == BY_PIXEL_READ}
+
+
+def _build(case: Case, kernel, target, *, knobs=None, direct=None, read=None, **extra):
+    """The scheduled conv2d GEMM of ``case`` with ``kernel`` and its plan (``read``: a
+    sweep entry's, else ``direct`` as ``gemm_plan.plan`` takes it)."""
+    reads = _reads(read) if read is not None else {"direct": direct}
+    plan = gemm_plan.plan(case.shape, kernel, knobs=knobs, **reads)
     func = gemm_compute.conv2d_gemm_func(plan, **_quant(case, **extra))
     return gemm_schedule.schedule_conv2d_gemm(func, plan, target), plan
 
@@ -310,11 +341,12 @@ def test_row_blocked_packing_layout():
 
 def test_sweep_covers_every_int8_kernel_and_form():
     """The sweep is the table: every int8 kernel runs on some level, in every form it has
-    (BLOCK and K_LOOP through the K loops of its cases, DIRECT where it reads in place)."""
+    (BLOCK and K_LOOP through the K loops of its cases, DIRECT where it reads in place
+    along output rows, INDIRECT where by pixel)."""
     seen: dict[str, set] = {}
     for level in LEVELS:
-        for kernel, case, direct in sweep(level):
-            plan = gemm_plan.plan(case.shape, kernel, direct=direct)
+        for kernel, case, read in sweep(level):
+            plan = gemm_plan.plan(case.shape, kernel, **_reads(read))
             seen.setdefault(kernel.name, set()).add(plan.main.form)
     assert set(seen) == {k.name for k in INT8_KERNELS}
     for kernel in INT8_KERNELS:
@@ -329,7 +361,7 @@ def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
     target = targets.resolve(level)
     best = kernels.select(target, "int8", "int8")
     funcs, runs, by_kernel = {}, [], {}
-    for kernel, case, direct in sweep(level):
+    for kernel, case, read in sweep(level):
         # the data's seed names the pair, so a case added to the table changes no other's
         args, expected = _case_data(case, zlib.crc32(f"{kernel.name}/{case.name}".encode()),
                                     kernel)
@@ -337,8 +369,8 @@ def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
         if kernel == best:
             knob_sets["tiles"] = TILES
         for tag, knobs in knob_sets.items():
-            name = f"{kernel.name}_{case.name}_{'direct' if direct else 'packed'}_{tag}"
-            funcs[name], _ = _build(case, kernel, target, knobs=knobs, direct=direct)
+            name = f"{kernel.name}_{case.name}_{read}_{tag}"
+            funcs[name], _ = _build(case, kernel, target, knobs=knobs, read=read)
             runs.append((name, case, args, expected))
             by_kernel.setdefault(kernel, []).append(name)
     asm = _run_and_compare(run_funcs, level, funcs, runs, tmp_path / "sweep.so")
@@ -420,19 +452,21 @@ def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
 
 
 # ------------------------------------------------------------- the design space
-# (7 output columns: no whole micro-tiles along a row, so dotprod packs A too; the design
-# space of a direct-read layer is checked by test_direct_read_design_space_on_device)
+# (7 output columns: no whole micro-tiles along a row, so A is read by pixel at dotprod;
+# sampled packed here, the design space of a layer read in place is checked by
+# test_direct_read_design_space_on_device)
 SAMPLED_CASE = _c("sampled_3x3", S(1, 8, 7, 8, 16, 3, 3, padding=(1, 1, 1, 1)), -3, 4)
 SAMPLED_TAIL_CASE = _c("sampled_7x7_tail", S(1, 7, 7, 48, 24, 1, 1), 9, -6, TAIL)
 SEEDS = range(1, 7)
 
 
-def _sampled(case: Case, kernel, target, seed: int, direct=None):
-    """One candidate of the design space of ``case``, its outputs merged as
-    ``tuning.schedule_from_database`` merges them, and its trace."""
+def _sampled(case: Case, kernel, target, seed: int, read=None):
+    """One candidate of the design space of ``case`` (``read``: as a sweep entry's, None
+    the policy's), its outputs merged as ``tuning.schedule_from_database`` merges them,
+    and its trace."""
     from tvm import s_tir
 
-    plan = gemm_plan.plan(case.shape, kernel, direct=direct)
+    plan = gemm_plan.plan(case.shape, kernel, **_reads(read))
     func = gemm_compute.conv2d_gemm_func(plan, **_quant(case))
     assert (func.attrs[gemm_compute.ATTR_OP], func.attrs[gemm_compute.ATTR_KERNEL]) == \
         ("conv2d_gemm", kernel.name)
@@ -441,14 +475,16 @@ def _sampled(case: Case, kernel, target, seed: int, direct=None):
     return merge_outputs(sch.mod["main"]), sch.trace
 
 
-def _check_sampled(run_funcs, level, case, kernel, data_seed, lib, check_trace=None) -> int:
+def _check_sampled(run_funcs, level, case, kernel, data_seed, lib, check_trace=None,
+                   read=None) -> int:
     """Sample the design space of ``case`` once per seed of SEEDS (``check_trace(trace)``
-    sees each trace). The traces must differ, and every candidate must run the kernel's
-    instructions and be bit-exact. Returns the number of distinct schedules."""
+    sees each trace; ``read`` as ``_sampled``'s). The traces must differ, and every
+    candidate must run the kernel's instructions and be bit-exact. Returns the number of
+    distinct schedules."""
     target = targets.resolve(level)
     funcs, decisions = {}, set()
     for seed in SEEDS:
-        funcs[f"seed{seed}"], trace = _sampled(case, kernel, target, seed)
+        funcs[f"seed{seed}"], trace = _sampled(case, kernel, target, seed, read)
         if check_trace is not None:
             check_trace(trace)
         decisions.add(tuple(tuple(int(x) for x in d) for d in trace.decisions.values()))
@@ -461,10 +497,11 @@ def _check_sampled(run_funcs, level, case, kernel, data_seed, lib, check_trace=N
 
 
 def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
-    """``sample_conv2d_gemm`` with several seeds: the traces differ (the knobs are sampled),
-    each candidate is tensorized with the level's kernel, and every one is bit-exact."""
+    """``sample_conv2d_gemm`` with several seeds on a packed layer: the traces differ (the
+    knobs are sampled), each candidate is tensorized with the level's kernel, and every
+    one is bit-exact."""
     kernel = kernels.select(targets.resolve(level), "int8", "int8")
-    form = gemm_plan.plan(SAMPLED_CASE.shape, kernel).main.form
+    form = gemm_plan.plan(SAMPLED_CASE.shape, kernel, **_reads(PACKED)).main.form
 
     def check_trace(trace):
         kinds = [inst.kind.name for inst in trace.insts]
@@ -473,7 +510,7 @@ def test_sample_conv2d_gemm_on_device(run_funcs, level, tmp_path, report):
         assert kinds.count("SamplePerfectTile") == knobs and "Tensorize" in kinds, kinds
 
     distinct = _check_sampled(run_funcs, level, SAMPLED_CASE, kernel, 0,
-                              tmp_path / "sampled.so", check_trace)
+                              tmp_path / "sampled.so", check_trace, PACKED)
     report(f"conv2d_gemm sampled {kernel.name:28s} {level:8s} {distinct} distinct "
            f"schedules of {len(SEEDS)} seeds bit-exact")
 
@@ -516,17 +553,29 @@ def test_design_space_holds_the_default_knobs(level):
 
 @pytest.mark.parametrize("level", ["neon", "dotprod"])
 def test_direct_read_design_space_on_device(run_funcs, level, tmp_path, report):
-    """The design space of a layer read in place: m_tiles sampled, n_tiles fixed (the
-    direct intrinsic is registered per n_tiles), every candidate tensorized, bit-exact."""
+    """The design space of a layer read in place, along output rows and by pixel: m_tiles
+    sampled, n_tiles fixed (the direct intrinsic is registered per n_tiles); every
+    candidate tensorized (DIRECT) or marked for the indirect lowering (INDIRECT), and
+    bit-exact."""
+    from tvm_armq.intrinsics import indirect
+
     target = targets.resolve(level)
     kernel = kernels.select(target, "int8", "int8")
-    cases = [c for c in tagged(DIRECT) if gemm_plan.can_read_input_directly(c.shape, kernel)
-             and ONE_ROW not in c.tags][:4]
+    cases = [(c, IN_PLACE) for c in tagged(DIRECT)
+             if gemm_plan.can_read_input_directly(c.shape, kernel) and ONE_ROW not in c.tags][:4]
+    cases += [(c, BY_PIXEL_READ) for c in tagged(BY_PIXEL)
+              if gemm_plan.can_read_by_pixel(c.shape, kernel)][:3]
+    assert len(cases) == 7, [c.name for c, _ in cases]
     funcs, runs = {}, []
-    for i, c in enumerate(cases):
-        func, trace = _sampled(c, kernel, target, seed=3, direct=True)
+    for i, (c, read) in enumerate(cases):
+        func, trace = _sampled(c, kernel, target, seed=3, read=read)
         kinds = [inst.kind.name for inst in trace.insts]
-        assert kinds.count("SamplePerfectTile") == 1 and "Tensorize" in kinds, kinds
+        assert kinds.count("SamplePerfectTile") == 1, kinds
+        if read == IN_PLACE:
+            assert "Tensorize" in kinds, kinds
+        else:
+            assert "Tensorize" not in kinds and "Blockize" in kinds, kinds
+            assert indirect.MARK in str(func)
         funcs[c.name] = func
         runs.append((c.name, c, *_case_data(c, 100 + i, kernel)))
     asm = _run_and_compare(run_funcs, level, funcs, runs, tmp_path / "direct_sampled.so")
@@ -580,8 +629,9 @@ def test_default_knobs_follow_the_measured_rules():
 
 
 def test_direct_read_only_where_it_applies():
-    """Direct read needs a kernel with a DIRECT form (sdot by element, smull/sadalp; not
-    smmla, whose A block interleaves two rows), K >= DIRECT_MIN_K and an ungrouped layer:
+    """Direct read needs a kernel with a DIRECT form (int8 sdot by element, smull/sadalp,
+    smmla) that the plan reads in place with (``Cost.reads_in_place``: not smmla),
+    K >= DIRECT_MIN_K and an ungrouped layer:
     pointwise with M % mr == 0 (M before a row tail) and K % kr == 0, or kh x kw with
     C % kr == 0, columns not dilated and out_w % mr == 0; every other layer and kernel
     keeps the A pack."""
@@ -621,11 +671,62 @@ def test_direct_read_only_where_it_applies():
     assert not gp.reads_input_directly(S(1, 14, 14, 72, 16, 1, 1), neon)  # K % 16
     assert gp.reads_input_directly(conv, neon)  # runs of 3 x 16 bytes: whole blocks of 16
     assert not gp.reads_input_directly(dataclasses.replace(conv, in_c=24), neon)  # C % 16
+    # smmla can read in place (two zips per 16 bytes of two rows) and packs by default
     i8mm = kernels.select(targets.resolve("i8mm"), "int8", "int8")
-    assert not gp.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), i8mm)
-    assert not gp.reads_input_directly(S(1, 14, 14, 512, 512, 1, 1), REFERENCE)
+    big = S(1, 14, 14, 512, 512, 1, 1)
+    assert gp.can_read_input_directly(big, i8mm) and not i8mm.cost.reads_in_place
+    assert not gp.reads_input_directly(big, i8mm)
+    assert gp.plan(big, i8mm).main.form == kernels.BLOCK
+    assert gp.plan(big, i8mm, direct=True).main.form == kernels.DIRECT
+    assert not gp.reads_input_directly(big, REFERENCE)
     with pytest.raises(ValueError, match="cannot read A in place"):
-        gp.plan(S(1, 14, 14, 512, 512, 1, 1), i8mm, direct=True)
+        gp.plan(big, kernels.get(kernels.GEMM_U8U8S32_2X2X8_I8MM), direct=True)
+
+
+def test_read_by_pixel_where_it_applies():
+    """Where micro-tiles would cross output rows (out_w no multiple of mr, or a strided 1x1
+    into such a map) and K >= DIRECT_MIN_K, a kernel with the INDIRECT form reads A by
+    pixel: all M rows in one GEMM (no row tail), no A_packed stage, the by-pixel window of
+    kernel rows; the widening kernel only over few column passes
+    (``Cost.by_pixel_max_passes``). Layers the affine window reads keep it; smmla (which
+    can, ``can_read_by_pixel``), the reference, pointwise layers, dilated columns, groups
+    and K below the minimum pack."""
+    gp = gemm_plan
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
+    d121 = S(1, 14, 14, 128, 32, 3, 3, padding=(1, 1, 1, 1))  # 8 column blocks of 4
+    r50 = S(1, 7, 7, 512, 512, 3, 3, padding=(1, 1, 1, 1))   # 128
+    for shape, kernel in ((d121, dot), (d121, neon), (r50, dot)):
+        assert gp.reads_by_pixel(shape, kernel), (shape, kernel.name)
+        plan = gp.plan(shape, kernel)
+        assert plan.main.form == kernels.INDIRECT and plan.tail is None
+        assert plan.main.rows == shape.gemm_m and plan.input_copy == "data_padded"
+        assert plan.main.window == DirectWindow.of_pixels(3 * shape.in_c, 3,
+                                                          (shape.in_w + 2) * shape.in_c)
+        knobs = gp.default_knobs(shape, kernel)
+        assert knobs == plan.main.knobs and knobs.m_tiles == 1
+        assert "A_packed" not in gemm_compute.conv2d_gemm_func(plan, **_quant(CASES[0])).script()
+    assert not gp.reads_by_pixel(r50, neon)  # 128 passes: the widening kernel packs
+    assert gp.plan(r50, neon).main.form == kernels.K_LOOP
+    strided = S(1, 14, 14, 1024, 512, 1, 1, strides=(2, 2))  # into 7 x 7
+    assert gp.reads_by_pixel(strided, dot) and not gp.reads_input_directly(strided, dot)
+    assert gp.plan(strided, dot).main.window == DirectWindow.of_pixels(1024, 1, 14 * 1024)
+    affine = S(1, 8, 8, 128, 32, 3, 3, padding=(1, 1, 1, 1))  # out_w 8: whole tiles
+    assert gp.reads_input_directly(affine, dot) and not gp.reads_by_pixel(affine, dot)
+    i8mm = kernels.select(targets.resolve("i8mm"), "int8", "int8")
+    assert gp.can_read_by_pixel(d121, i8mm)
+    assert gp.plan(d121, i8mm, by_pixel=True).main.form == kernels.INDIRECT
+    for shape, kernel in ((d121, i8mm), (d121, REFERENCE),
+                          (S(1, 7, 7, 512, 64, 1, 1), dot),  # pointwise: a row tail
+                          (dataclasses.replace(d121, dilation=(1, 2)), dot),
+                          (dataclasses.replace(d121, groups=2), dot),
+                          (dataclasses.replace(d121, in_c=4), dot)):  # K = 36
+        assert not gp.reads_by_pixel(shape, kernel), (shape, kernel.name)
+    with pytest.raises(ValueError, match="cannot read A by pixel"):
+        gp.plan(S(1, 7, 7, 512, 64, 1, 1), dot, by_pixel=True)
+    with pytest.raises(ValueError, match="not both"):
+        gp.plan(d121, dot, direct=True, by_pixel=True)
+    assert gp.plan(d121, dot, by_pixel=False).main.form == kernels.BLOCK  # packed on request
 
 
 def test_row_tails_where_the_policy_says():

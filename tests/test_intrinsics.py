@@ -395,12 +395,13 @@ def test_names_follow_the_grammar_and_are_the_intrinsic_names():
     assert kernels.TABLE[0].isa == "ref"  # the bottom rung answers for every target
 
 
-def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
+def test_direct_read_forms_are_the_int8_kernels():
     """The direct-read intrinsic (A read in place, ``forms.desc_direct``) exists for the
-    int8 by-element sdot kernel and the int8 smull/sadalp kernel (whose packed A block is
-    16 consecutive bytes of a row anyway), not for smmla (its block interleaves two rows);
-    it registers per (window, n_tiles) under its own name and rejects a run of A that is no
-    multiple of kr (A is not padded). Its results on the device are checked by
+    int8 x int8 kernels: by-element sdot, smull/sadalp (whose packed A block is 16
+    consecutive bytes of a row anyway) and smmla (two zips interleave two input rows); not
+    for the unsigned ones nor bfmmla (its A is converted as it is packed). It registers
+    per (window, n_tiles) under its own name and rejects a run of A that is no multiple
+    of kr (A is not padded). Its results on the device are checked by
     tests/test_conv2d_gemm.py (direct-read cases)."""
     from tvm.s_tir import TensorIntrin
 
@@ -410,7 +411,8 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
                                      kernels.GEMM_S8S8S32_1X4X4_DOTPROD,
                                      kernels.GEMM_S8S8S32_4X4X16_NEON,
                                      kernels.GEMM_S8S8S32_4X4X8_NEON,
-                                     kernels.GEMM_S8S8S32_1X4X16_NEON]), direct
+                                     kernels.GEMM_S8S8S32_1X4X16_NEON,
+                                     kernels.GEMM_S8S8S32_2X2X8_I8MM]), direct
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     conv = W(segment=48, segments=3, segment_stride=544, row_stride=16)  # 3x3, C = 16
     assert (conv.k, conv.stride, conv.extent(4)) == (144, 16, 3 * 16 + 2 * 544 + 48)
@@ -422,9 +424,81 @@ def test_direct_read_forms_are_the_int8_sdot_and_smull_kernels():
     assert forms.direct_name(dot, conv, 4).endswith("__direct_k48x3_s544_r16_n4")
     with pytest.raises(ValueError, match="multiple of kr"):
         registry.register_direct(dot, W.pointwise(18), 1)
+    smmla = kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM)
+    assert TensorIntrin.get(registry.register_direct(smmla, conv, 8))
     with pytest.raises(ValueError, match="no direct form"):
-        registry.register_direct(kernels.get(kernels.GEMM_S8S8S32_2X2X8_I8MM),
+        registry.register_direct(kernels.get(kernels.GEMM_U8U8S32_2X2X8_I8MM),
                                  W.pointwise(16), 1)
+
+
+def test_indirect_form_names_and_refusals():
+    """The INDIRECT form (rows of A at their own pixels, ``forms.DirectWindow.by_pixel``)
+    belongs to the kernels with a DIRECT form and several rows; its name is a direct-read
+    name ending in _p that parses back to (kernel, window, n_tiles); it has no desc and is
+    never registered as a TensorIntrin (``indirect.py`` lowers it); marking a block for
+    it needs a by-pixel window."""
+    from tvm import s_tir
+
+    from tvm_armq.intrinsics import indirect
+
+    W = forms.DirectWindow
+    by_pixel = [k.name for k in kernels.TABLE if kernels.INDIRECT in k.forms]
+    assert sorted(by_pixel) == sorted([kernels.GEMM_S8S8S32_4X4X4_DOTPROD,
+                                       kernels.GEMM_S8S8S32_4X4X16_NEON,
+                                       kernels.GEMM_S8S8S32_4X4X8_NEON,
+                                       kernels.GEMM_S8S8S32_2X2X8_I8MM]), by_pixel
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    window = W.of_pixels(48, 3, 544)
+    assert window.by_pixel and window.k == 144 and window.extent(1) == 2 * 544 + 48
+    name = forms.direct_name(dot, window, 4)
+    assert name.endswith("__direct_k48x3_s544_p_n4")
+    assert registry.parse_direct_name(name) == (dot, window, 4)
+    affine = W(48, 3, 544, 16)
+    assert registry.parse_direct_name(forms.direct_name(dot, affine, 2)) == (dot, affine, 2)
+    assert window.row_offsets(4, [0, 7, 9, 30]) == [0, 7, 9, 30]
+    assert affine.row_offsets(4) == [0, 16, 32, 48]
+    with pytest.raises(ValueError, match="needs 4 row offsets"):
+        window.row_offsets(4)
+    with pytest.raises(ValueError, match="no desc"):
+        forms.desc_direct(dot, window, 1)
+    with pytest.raises(ValueError, match="never registered"):
+        registry.register_named(name)
+    with pytest.raises(ValueError, match="not the name"):
+        registry.parse_direct_name("gemm_s8s8s32_4x4x4_dotprod__k4")
+    sch = s_tir.Schedule(forms.desc(dot))  # any func: the window is refused first
+    with pytest.raises(ValueError, match="affine window is tensorized"):
+        indirect.mark(sch, None, dot, affine, 1)
+
+
+def test_indirect_lowering_replaces_the_marked_block():
+    """``indirect.lower_func`` turns the marked block of a by-pixel GEMM into the kernel's
+    instruction sequence: no mark and no scalar update block left, A bound as the whole
+    flat input, the sdot calls in place; a func without marks comes back as it is. The
+    lowering is in front of TVM's TIR pipelines once tvm_armq is imported (so tuning
+    builds and model builds lower too), wrapped once however often it is installed."""
+    from tvm.tirx import compilation_pipeline
+
+    from tvm_armq import targets
+    from tvm_armq.intrinsics import indirect
+    from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
+
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    shape = Conv2DShape(1, 7, 7, 16, 8, 3, 3, padding=(1, 1, 1, 1))
+    plan = gemm_plan.plan(shape, dot, parallel=False)
+    assert plan.main.form == kernels.INDIRECT and plan.tail is None
+    func = gemm_compute.conv2d_gemm_func(plan, in_zp=1, out_zp=0, act_range=(-128, 127))
+    scheduled = gemm_schedule.schedule_conv2d_gemm(func, plan, targets.resolve("dotprod"))
+    text = scheduled.script()
+    assert indirect.MARK in text and '"gemm_update"' in text and "A_packed" not in text
+    lowered = indirect.lower_func(scheduled).script()
+    assert indirect.MARK not in lowered and '"gemm_update"' not in lowered
+    assert "llvm.aarch64.neon.sdot" in lowered
+    assert "data_padded[0, 0, 0, 0:1296]" in lowered  # the whole bordered 9 x 9 x 16 input
+    assert indirect.lower_func(func).same_as(func)
+    indirect.install()
+    for name in ("default", "s_tir"):
+        assert hasattr(compilation_pipeline.PIPELINE_MAP[name], indirect._WRAPPED)
 
 
 @pytest.mark.parametrize("level, a, b, want", [

@@ -38,15 +38,18 @@ def stock_pipeline():
 
 
 def install() -> None:
-    """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline and
-    extend TVM's TFLite frontend (both idempotent)."""
+    """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline, the
+    INDIRECT form's lowering in front of TVM's TIR pipelines (``intrinsics.indirect``),
+    and extend TVM's TFLite frontend (all idempotent)."""
     import tvm
     from tvm.relax import pipeline
 
     from . import frontend
+    from .intrinsics import indirect
     from .targets import portable_levels
 
     frontend.extend()
+    indirect.install()
     original = pipeline.PIPELINE_MAP["default"]
     if hasattr(original, _MARK):
         return

@@ -892,6 +892,8 @@ def load_database(work_dir):
     from .intrinsics import registry
 
     for name in sorted(set(_INTRIN_NAME.findall(paths[1].read_text(errors="replace")))):
+        if "__direct_" in name and registry.parse_direct_name(name)[1].by_pixel:
+            continue  # an INDIRECT form's mark: lowered when built, no TensorIntrin
         registry.register_named(name)
     try:
         database = ms.database.JSONDatabase(str(paths[0]), str(paths[1]), allow_missing=False,
