@@ -120,9 +120,9 @@ class Cost:
     pointwise GEMM reads A in place whatever K, the pack (an interleaving copy) costing more
     than the passes over A (widening smull/sadalp); ``by_pixel_max_passes``: the most
     column passes over A at which a GEMM reads A by pixel (INDIRECT) rather than packing
-    it, None for any number (each pass walks mr row pointers, one add each per K step:
-    nothing next to n_tiles micro-tiles of sdot sharing each load, 4 more instructions
-    in the widening kernel's 76, which one micro-tile per pass pays alone);
+    it, None for any number (the pack is paid once, while each pass computes mr row
+    pointers per micro-tile and walks them, an add each per K step: 4 more instructions
+    in the widening kernel's 76, whose one micro-tile per pass pays them alone);
     ``reads_in_place``: whether the plan uses the DIRECT / INDIRECT forms at all where the
     layer allows (False: they exist and are tested, and packing is faster).
     """
@@ -137,12 +137,17 @@ class Cost:
 
 
 _LANES = 4  # int32 lanes of a 128-bit register
-# Measured at neon (scripts/bench_layers.py, armperf 3, packed -> by pixel, tflite /
-# tvm_armq): DenseNet's 3x3 128 -> 32 at 14 x 14 and 7 x 7 (8 column passes) 1.014 ->
-# 1.023 and 0.980 -> 0.986; ResNet-50's 3x3 256 -> 256 at 14 x 14 (64 passes) 1.015 ->
-# 1.006, 512 -> 512 at 7 x 7 (128) 0.968 -> 0.964, its stride-2 1x1s (64, 128) 1.007 ->
-# 0.981 and 0.965 -> 0.949.
+# ``Cost.by_pixel_max_passes``, measured with scripts/bench_layers.py (armperf 3, packed
+# -> by pixel, tflite / tvm_armq). neon (widening, one micro-tile per pass): DenseNet's
+# 3x3 128 -> 32 at 14 x 14 and 7 x 7 (8 column passes) 1.014 -> 1.023 and 0.980 -> 0.986;
+# ResNet-50's 3x3 256 -> 256 at 14 x 14 (64 passes) 1.015 -> 1.006, 512 -> 512 at 7 x 7
+# (128) 0.968 -> 0.964, its stride-2 1x1s (64, 128) 1.007 -> 0.981 and 0.965 -> 0.949.
+# dotprod (by element, 4 micro-tiles per pass): DenseNet's (2 passes) 0.823 -> 1.010 and
+# 0.844 -> 1.019; ResNet-50's 3x3s (16, 32) 0.983 -> 1.009 and 0.991 -> 1.005, its
+# stride-2 1x1s into 256 and 512 channels (16, 32) 0.987 -> 0.992 and 0.993 -> 0.994,
+# into 1024 and 2048 (64, 128) 0.998 -> 0.982 and 1.001 -> 0.990.
 WIDENING_BY_PIXEL_MAX_PASSES = 16
+BY_ELEMENT_BY_PIXEL_MAX_PASSES = 32
 
 
 def _cost(usage: str, mr: int, nr: int, kr: int, forms: tuple[str, ...]) -> Cost:
@@ -154,7 +159,8 @@ def _cost(usage: str, mr: int, nr: int, kr: int, forms: tuple[str, ...]) -> Cost
                     by_pixel_max_passes=WIDENING_BY_PIXEL_MAX_PASSES)
     if usage == "by_element":  # one sdot per row of C; direct: mr A rows + one B block
         return Cost(macs=mr, accumulators=rows_of_c,
-                    direct_operands=mr + 1 if DIRECT in forms else 0, spills_over_long_k=True)
+                    direct_operands=mr + 1 if DIRECT in forms else 0, spills_over_long_k=True,
+                    by_pixel_max_passes=BY_ELEMENT_BY_PIXEL_MAX_PASSES)
     if usage == "matrix":  # one smmla / bfmmla per block; direct: 2 A rows, 2 zipped, 1 B
         # Read in place, one K loop covers one row pair (2 x n_tiles * 2 outputs), so no
         # second pair shares its B loads; the packed loop's 2 x 4 tiles of 2 x 2 do.

@@ -133,10 +133,8 @@ def reads_by_pixel(shape: Conv2DShape, kernel) -> bool:
     False: out_w no whole number of micro-tiles, or a strided 1x1 layer into such a map),
     the by-pixel one does (``can_read_by_pixel``), K is at least ``DIRECT_MIN_K`` (the
     same per-micro-row costs as the DIRECT form), and A is read by no more column passes
-    than the kernel's ``Cost.by_pixel_max_passes``. Measured at dotprod (armperf 3,
-    packed -> by pixel, tflite / tvm_armq): DenseNet's 3x3 128 -> 32 at 14 x 14 0.823 ->
-    1.010, at 7 x 7 0.844 -> 1.019; ResNet-50's 3x3s at 14 x 14 and 7 x 7 0.983 -> 1.009
-    and 0.991 -> 1.005, its stride-2 1x1s 0.987 -> 0.992 and 0.993 -> 0.994."""
+    than the kernel's ``Cost.by_pixel_max_passes`` (the measurements are at its constants
+    in ``intrinsics/kernels.py``)."""
     if (reads_input_directly(shape, kernel) or not can_read_by_pixel(shape, kernel)
             or shape.gemm_k < DIRECT_MIN_K or not kernel.cost.reads_in_place):
         return False

@@ -687,8 +687,8 @@ def test_read_by_pixel_where_it_applies():
     """Where micro-tiles would cross output rows (out_w no multiple of mr, or a strided 1x1
     into such a map) and K >= DIRECT_MIN_K, a kernel with the INDIRECT form reads A by
     pixel: all M rows in one GEMM (no row tail), no A_packed stage, the by-pixel window of
-    kernel rows; the widening kernel only over few column passes
-    (``Cost.by_pixel_max_passes``). Layers the affine window reads keep it; smmla (which
+    kernel rows; only over as many column passes as the kernel's
+    ``Cost.by_pixel_max_passes`` (sdot 32, the widening kernel 16). Layers the affine window reads keep it; smmla (which
     can, ``can_read_by_pixel``), the reference, pointwise layers, dilated columns, groups
     and K below the minimum pack."""
     gp = gemm_plan
@@ -707,6 +707,8 @@ def test_read_by_pixel_where_it_applies():
         assert knobs == plan.main.knobs and knobs.m_tiles == 1
         assert "A_packed" not in gemm_compute.conv2d_gemm_func(plan, **_quant(CASES[0])).script()
     assert not gp.reads_by_pixel(r50, neon)  # 128 passes: the widening kernel packs
+    wide = S(1, 14, 14, 1024, 2048, 1, 1, strides=(2, 2))  # 128 passes of 4 tiles
+    assert gp.can_read_by_pixel(wide, dot) and not gp.reads_by_pixel(wide, dot)
     assert gp.plan(r50, neon).main.form == kernels.K_LOOP
     strided = S(1, 14, 14, 1024, 512, 1, 1, strides=(2, 2))  # into 7 x 7
     assert gp.reads_by_pixel(strided, dot) and not gp.reads_input_directly(strided, dot)
