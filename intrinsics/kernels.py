@@ -16,8 +16,8 @@ and C is any row-major [mr, nr] window (row stride free). What differs between k
 Three kinds of record, all data:
 
     Kernel    one micro-kernel: its block, operand types, instruction, the forms it can be
-              tensorized in (``BLOCK``, ``K_LOOP``, ``DIRECT``, ``INDIRECT``: see forms.py) and the cost
-              facts the schedule's register model reads (``Cost``)
+              tensorized in (``BLOCK``, ``K_LOOP``, ``DIRECT``, ``INDIRECT``: see forms.py)
+              and the cost facts the schedule's register model reads (``Cost``)
     Family    the kernels of one instruction sequence (one name without the block shape):
               they differ in rows (a one-row member runs GEMMs of one row and the last
               rows of a longer one) and in bytes of K; the members with one kr share the

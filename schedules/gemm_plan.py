@@ -276,9 +276,9 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True,
     epilogue registers. (A by-element kernel's epilogue may spill from ``LONG_K_BLOCKS``
     K blocks.) K is unrolled by 2 when the K blocks allow. The scalar
     reference kernel gets 1 x 1 tiles. A direct-read GEMM (``reads_input_directly``, or
-    ``reads_by_pixel``) runs one K loop per row of micro-tiles: m_tiles 1, n_tiles from ``direct_n_tiles``. A
-    kernel tensorized over the whole K loop (a ``K_LOOP`` form, more than one K
-    block) gets one micro-tile per macro tile.
+    ``reads_by_pixel``) runs one K loop per row of micro-tiles: m_tiles 1, n_tiles from
+    ``direct_n_tiles``. A kernel tensorized over the whole K loop (a ``K_LOOP`` form, more
+    than one K block) gets one micro-tile per macro tile.
     """
     by_pixel = rows is None and reads_by_pixel(shape, kernel)  # all M rows, no tail
     rows = (shape.gemm_m if by_pixel else gemm_rows(shape, kernel)) if rows is None else rows

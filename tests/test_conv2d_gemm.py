@@ -688,9 +688,9 @@ def test_read_by_pixel_where_it_applies():
     into such a map) and K >= DIRECT_MIN_K, a kernel with the INDIRECT form reads A by
     pixel: all M rows in one GEMM (no row tail), no A_packed stage, the by-pixel window of
     kernel rows; only over as many column passes as the kernel's
-    ``Cost.by_pixel_max_passes`` (sdot 32, the widening kernel 16). Layers the affine window reads keep it; smmla (which
-    can, ``can_read_by_pixel``), the reference, pointwise layers, dilated columns, groups
-    and K below the minimum pack."""
+    ``Cost.by_pixel_max_passes`` (sdot 32, the widening kernel 16). Layers the affine
+    window reads keep it; smmla (which can, ``can_read_by_pixel``), the reference,
+    pointwise layers, dilated columns, groups and K below the minimum pack."""
     gp = gemm_plan
     dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
     neon = kernels.get(kernels.GEMM_S8S8S32_4X4X16_NEON)
