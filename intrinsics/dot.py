@@ -133,10 +133,9 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
     full, tail = divmod(steps, chunk)
     vector = f"x{_LANES * _GROUP}"
     row = f"{kernel.acc_dtype}x{nr}"
-    base = window.row_offsets(mr, rows)
 
     def emit(A, B, C):
-        load = forms.row_loader(A, window, base)
+        load = forms.row_loader(A, window, mr, rows)
         # accumulator (tile, i) at lanes [(tile * mr + i) * nr, +nr); constant indices
         # only, so LLVM keeps the buffer in registers
         acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")

@@ -326,21 +326,23 @@ def build_impl_direct(kernel: Kernel, window: DirectWindow, n_tiles: int, emit,
                         a_extent)
 
 
-def row_loader(A, window: DirectWindow, offsets: list):
+def row_loader(A, window: DirectWindow, mr: int, rows=None):
     """In an impl being built: ``load(i, offset, dtype)``, the vector of ``dtype`` at
-    ``offset`` into row i of A. An affine window reads A at the row's constant offset. A
-    by-pixel window's row starts (each a few divisions of the micro-tile's pixel index)
-    become one pointer per row, computed once: the K loop then walks mr pointers by the
+    ``offset`` into row i of A, its mr rows where ``window.row_offsets(mr, rows)`` puts
+    them. An affine window reads A at the row's constant offset. A by-pixel window's row
+    starts (each a few divisions of the micro-tile's pixel index) become one pointer per
+    row, computed once: the K loop then walks mr pointers by the
     same increments. (Indexed as A[start_i + offset] instead, LLVM's SLP vectorizer
     packed the mr sums into vector registers and moved each address back lane by lane,
     every K step: neon's by-pixel K loop ran 35% slower than the packed one.)"""
     from tvm.script import tirx as T
 
+    offsets = window.row_offsets(mr, rows)
     if not window.by_pixel:
         return lambda i, offset, dtype: A.vload([offsets[i] + offset], dtype)
-    rows = [T.decl_buffer((window.extent(1),), A.ty.dtype, data=T.bind(T.address_of(A[o])))
-            for o in offsets]
-    return lambda i, offset, dtype: rows[i].vload([offset], dtype)
+    views = [T.decl_buffer((window.extent(1),), A.ty.dtype, data=T.bind(T.address_of(A[o])))
+             for o in offsets]
+    return lambda i, offset, dtype: views[i].vload([offset], dtype)
 
 
 def for_each_run(window: DirectWindow, run) -> None:

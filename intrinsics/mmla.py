@@ -167,13 +167,12 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
     acc_vec, row_vec = f"{kernel.acc_dtype}x{mr * nr}", f"{kernel.acc_dtype}x{nr}"
     blocks = window.segment // kr  # K blocks per run
     pairs, odd = divmod(blocks, 2)
-    base = window.row_offsets(mr, rows)
     # lanes of two rows' 16 bytes that make the even and the odd block's operand
     even = list(range(kr)) + list(range(ab_lanes, ab_lanes + kr))
     odd_lanes = list(range(kr, ab_lanes)) + list(range(ab_lanes + kr, 2 * ab_lanes))
 
     def emit(A, B, C):
-        load = forms.row_loader(A, window, base)
+        load = forms.row_loader(A, window, mr, rows)
         acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
         for t in range(n_tiles):  # the tile's 2 x 2 window, lane 2i + j
             c_rows = [C.vload([t, i, 0], row_vec) for i in range(mr)]

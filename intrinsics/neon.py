@@ -193,10 +193,9 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
     mull, addlp, prod_dtype, mr, nr, kr, half, acc = _widening_setup(kernel)
     products = f"{prod_dtype}x{_HALF}"
     blocks = window.segment // kr
-    base = window.row_offsets(mr, rows)
 
     def emit(A, B, C):
-        load = forms.row_loader(A, window, base)
+        load = forms.row_loader(A, window, mr, rows)
         # S_tij at lanes [((t * mr + i) * nr + j) * 4, +4): constant indices only
         partial = T.alloc_buffer((n_tiles * mr * nr * _LANES,), "int32", scope="local")
 
