@@ -136,12 +136,11 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
 
     def emit(A, B, C):
         load = forms.row_loader(A, window, mr, rows)
-        # accumulator (tile, i) at lanes [(tile * mr + i) * nr, +nr); constant indices
-        # only, so LLVM keeps the buffer in registers
-        acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
+        # tile's accumulator row i at lanes [i * nr, +nr) of acc[tile]
+        acc = forms.registers(n_tiles, mr * nr, kernel.acc_dtype)
 
-        def lanes(tile, i):
-            return tirx.Ramp((tile * mr + i) * nr, 1, nr)
+        def lanes(i):
+            return tirx.Ramp(i * nr, 1, nr)
 
         def accumulate(step, a_groups, lane):
             for tile in range(n_tiles):
@@ -149,10 +148,10 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
                 for i in range(mr):
                     a_step = tirx.reinterpret(kernel.a_dtype + vector,
                                               tirx.Shuffle([a_groups[i]], [lane] * _LANES))
-                    old = acc.vload([(tile * mr + i) * nr], row)
+                    old = acc[tile].vload([i * nr], row)
                     # the broadcast A step is the second source, where sdot's indexed
                     # operand sits, so LLVM emits the by-element form (see _by_element)
-                    T.buffer_store(acc, _dot(kernel, old, vb, a_step), [lanes(tile, i)])
+                    T.buffer_store(acc[tile], _dot(kernel, old, vb, a_step), [lanes(i)])
 
         def run(r):
             """The K steps of run r (a Python int or a loop variable)."""
@@ -174,11 +173,11 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
 
         for tile in range(n_tiles):
             for i in range(mr):
-                T.buffer_store(acc, C.vload([tile, i, 0], row), [lanes(tile, i)])
+                T.buffer_store(acc[tile], C.vload([tile, i, 0], row), [lanes(i)])
         forms.for_each_run(window, run)
         for tile in range(n_tiles):
             for i in range(mr):
-                T.buffer_store(C, acc.vload([(tile * mr + i) * nr], row),
+                T.buffer_store(C, acc[tile].vload([i * nr], row),
                                [tile, i, tirx.Ramp(0, 1, nr)])
 
     return forms.build_impl_direct(kernel, window, n_tiles, emit, a_extent)

@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+import numpy as np
+
 from .kernels import BLOCK, DIRECT, INDIRECT, K_LOOP, Kernel
 
 
@@ -343,6 +345,27 @@ def row_loader(A, window: DirectWindow, mr: int, rows=None):
     views = [T.decl_buffer((window.extent(1),), A.ty.dtype, data=T.bind(T.address_of(A[o])))
              for o in offsets]
     return lambda i, offset, dtype: views[i].vload([offset], dtype)
+
+
+# TVM 0.27 lowers a CPU allocation to the stack only when its scope is "global" and it is
+# smaller than this (runtime::kMaxStackAlloca; tirx LowerTVMBuiltin). Any other one, a
+# "local" one included, becomes a TVMBackendAllocWorkspace / FreeWorkspace pair, run each
+# time its block runs: once per macro tile inside a GEMM's parallel loop.
+STACK_ALLOCATION_LIMIT = 1024  # bytes
+
+
+def registers(tiles: int, elems: int, dtype: str) -> list:
+    """In an impl being built: one buffer of ``elems`` ``dtype`` values per micro-tile for
+    values the instructions keep in registers (accumulators, partial sums). Indexed with
+    constants only, each is an LLVM stack slot that SROA promotes to registers outright:
+    hence "global" scope and one buffer per tile, each under STACK_ALLOCATION_LIMIT."""
+    from tvm.script import tirx as T
+
+    size = elems * np.dtype(dtype).itemsize
+    if size >= STACK_ALLOCATION_LIMIT:
+        raise ValueError(f"{elems} {dtype} registers per micro-tile ({size} bytes) do not fit "
+                         f"a stack slot under {STACK_ALLOCATION_LIMIT} bytes")
+    return [T.alloc_buffer((elems,), dtype, scope="global") for _ in range(tiles)]
 
 
 def for_each_run(window: DirectWindow, run) -> None:

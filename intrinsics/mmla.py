@@ -173,19 +173,19 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
 
     def emit(A, B, C):
         load = forms.row_loader(A, window, mr, rows)
-        acc = T.alloc_buffer((n_tiles * mr * nr,), kernel.acc_dtype, scope="local")
-        for t in range(n_tiles):  # the tile's 2 x 2 window, lane 2i + j
+        acc = forms.registers(n_tiles, mr * nr, kernel.acc_dtype)  # a tile's 2 x 2 window
+        for t in range(n_tiles):  # lane 2i + j
             c_rows = [C.vload([t, i, 0], row_vec) for i in range(mr)]
-            T.buffer_store(acc, tirx.Shuffle(c_rows, list(range(mr * nr))),
-                           [tirx.Ramp(t * mr * nr, 1, mr * nr)])
+            T.buffer_store(acc[t], tirx.Shuffle(c_rows, list(range(mr * nr))),
+                           [tirx.Ramp(0, 1, mr * nr)])
 
         def multiply(block, va):
             for t in range(n_tiles):
                 vb = B.vload([t, block, 0, 0], f"{kernel.b_dtype}x{ab_lanes}")
-                old = acc.vload([t * mr * nr], acc_vec)
-                T.buffer_store(acc, tirx.call_llvm_pure_intrin(
+                old = acc[t].vload([0], acc_vec)
+                T.buffer_store(acc[t], tirx.call_llvm_pure_intrin(
                     acc_vec, LLVM_INTRINSIC[kernel.name], old, va, vb),
-                    [tirx.Ramp(t * mr * nr, 1, mr * nr)])
+                    [tirx.Ramp(0, 1, mr * nr)])
 
         def run(r):
             start, first = r * window.segment_stride, r * blocks
@@ -202,7 +202,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
 
         forms.for_each_run(window, run)
         for t in range(n_tiles):
-            res = acc.vload([t * mr * nr], acc_vec)
+            res = acc[t].vload([0], acc_vec)
             for i in range(mr):
                 T.buffer_store(C, tirx.Shuffle([res], list(range(i * nr, (i + 1) * nr))),
                                [t, i, tirx.Ramp(0, 1, nr)])

@@ -129,7 +129,7 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
     def emit(A, B, C):
         # S_ij lives at lanes [(i * nr + j) * 4, +4); constant indices only, so LLVM
         # promotes the whole buffer to registers.
-        partial = T.alloc_buffer((mr * nr * _LANES,), "int32", scope="local")
+        partial, = forms.registers(1, mr * nr * _LANES, "int32")
 
         def lanes(i, j):
             return tirx.Ramp((i * nr + j) * _LANES, 1, _LANES)
@@ -196,17 +196,17 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
 
     def emit(A, B, C):
         load = forms.row_loader(A, window, mr, rows)
-        # S_tij at lanes [((t * mr + i) * nr + j) * 4, +4): constant indices only
-        partial = T.alloc_buffer((n_tiles * mr * nr * _LANES,), "int32", scope="local")
+        # S_tij at lanes [(i * nr + j) * 4, +4) of partial[t]: constant indices only
+        partial = forms.registers(n_tiles, mr * nr * _LANES, "int32")
 
-        def at(t, i, j):
-            return ((t * mr + i) * nr + j) * _LANES
+        def at(i, j):
+            return (i * nr + j) * _LANES
 
         for t in range(n_tiles):
             for i in range(mr):
                 for j in range(nr):
-                    T.buffer_store(partial, tirx.Broadcast(tirx.const(0, "int32"), _LANES),
-                                   [tirx.Ramp(at(t, i, j), 1, _LANES)])
+                    T.buffer_store(partial[t], tirx.Broadcast(tirx.const(0, "int32"), _LANES),
+                                   [tirx.Ramp(at(i, j), 1, _LANES)])
 
         def run(r):
             # one loop step per 8-byte half, as in impl_k_loop (one smull + one sadalp each)
@@ -222,15 +222,16 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
                             for j in range(nr):
                                 prod = tirx.call_llvm_pure_intrin(products, mull, a_half[i],
                                                                   b_half[j])
-                                s_tij = partial.vload([at(t, i, j)], acc)
+                                s_tij = partial[t].vload([at(i, j)], acc)
                                 T.buffer_store(
-                                    partial, s_tij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
-                                    [tirx.Ramp(at(t, i, j), 1, _LANES)])
+                                    partial[t],
+                                    s_tij + tirx.call_llvm_pure_intrin(acc, addlp, prod),
+                                    [tirx.Ramp(at(i, j), 1, _LANES)])
 
         forms.for_each_run(window, run)
         for t in range(n_tiles):
             for i in range(mr):
-                s = [partial.vload([at(t, i, j)], acc) for j in range(nr)]
+                s = [partial[t].vload([at(i, j)], acc) for j in range(nr)]
                 pairs = [tirx.call_llvm_pure_intrin(acc, ADDP, s[j], s[j + 1])
                          for j in range(0, nr, 2)]
                 row = tirx.call_llvm_pure_intrin(acc, ADDP, *pairs)

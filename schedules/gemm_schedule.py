@@ -158,8 +158,6 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     # The epilogue of a macro tile runs right after its K loop, so its accumulators are
     # dead afterwards and buffer compaction shrinks them to one macro tile.
     sch.reverse_compute_at(out, mo)
-    if kernel.intrin is None:
-        sch.set_scope(gemm, 0, "local")  # the scalar tile can live in registers outright
     # The pack copies kr bytes per (block row, K block): one vector (kr = 4, 8 or 16 bytes)
     # when they are consecutive channels (see im2col_packed_te), lane by lane otherwise.
     # Where a kernel row is whole blocks, the pack runs per row of A over (kernel row,

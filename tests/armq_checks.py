@@ -82,6 +82,14 @@ def _functions(asm: str) -> dict[str, str]:
     return found
 
 
+def _references(func: str) -> set[str]:
+    """The symbols a function's instructions name: operands only, since a part of
+    ``_functions`` also ends with the next function's ``.globl`` directive, which is no
+    reference."""
+    code = "\n".join(re.findall(r"^\t[a-z].*$", func, re.M))
+    return set(re.findall(r"[\w.$]+", code))
+
+
 def function_asm(asm: str, name: str) -> str:
     """The assembly of the compiled function ``name`` of a module: TVM's entry points
     (``name``, its ``__tvm_ffi_name`` wrapper, its ``name_compute_`` body) and every
@@ -96,10 +104,7 @@ def function_asm(asm: str, name: str) -> str:
         if sym in seen:
             continue
         seen.add(sym)
-        # operands of instructions only: a part also ends with the next function's
-        # ``.globl`` directive, which is no reference
-        code = "\n".join(re.findall(r"^\t[a-z].*$", funcs[sym], re.M))
-        refs = set(re.findall(r"[\w.$]+", code))
+        refs = _references(funcs[sym])
         todo += [s for s in funcs if s in refs and s not in seen]
     return "\n".join(funcs[s] for s in funcs if s in seen)
 
@@ -129,3 +134,23 @@ def assert_functions_use(asm: str, names, instructions, what: str) -> None:
         found = mnemonics(body)
         missing = [ins for ins in instructions if ins not in found and FOLDED.get(ins) not in found]
         assert not missing, f"{what}: {name} has no {', '.join(missing)}"
+
+
+# A parallel loop's body becomes a private function of its own (``.L`` before the name in
+# the assembly); TVM's runtime allocates through its workspace pool with this call.
+PARALLEL_TASK = "__tvm_parallel_lambda"
+WORKSPACE_ALLOC = "__TVMBackendAllocWorkspace"
+
+
+def assert_no_workspace_per_task(asm: str, what: str) -> None:
+    """Fail if a parallel task of the module allocates from the runtime's workspace pool:
+    what a macro tile keeps in registers must live on the stack (``forms.registers``), not
+    cost two runtime calls per tile. Fails on a module with no parallel task (nothing
+    checked)."""
+    funcs = _functions(asm)
+    tasks = [s for s in funcs if s.removeprefix(".L").startswith(PARALLEL_TASK)]
+    assert tasks, f"{what}: no parallel task to check"
+    pooled = [s for s in tasks if WORKSPACE_ALLOC in _references(funcs[s])]
+    assert not pooled, (f"{what}: {len(pooled)} of {len(tasks)} parallel tasks allocate from "
+                        f"the workspace pool ({', '.join(sorted(pooled)[:3])}, ...)")
+

@@ -3,15 +3,16 @@
 Each case here is one a guard once let through (issue 20): five distinct values among
 1000 logits, an output mostly on one value, a model with no outputs, an instruction
 found only inside another mnemonic (``addp`` in ``faddp``), a function of the module
-without the kernel's instruction while the others have it, an empty instruction list.
+without the kernel's instruction while the others have it, an empty instruction list; and
+a parallel task that allocates from the runtime's workspace pool.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
-from armq_checks import (assert_alive, assert_functions_use, function_asm, mnemonics,
-                         output_pairs)
+from armq_checks import (assert_alive, assert_functions_use, assert_no_workspace_per_task,
+                         function_asm, mnemonics, output_pairs)
 
 
 def _logits(seed: int = 0, size: int = 1000) -> np.ndarray:
@@ -117,3 +118,15 @@ def test_checking_nothing_fails():
 def test_folded_pairwise_add_counts():
     """saddlp + add compiled as sadalp is still the 8-byte kernel's saddlp."""
     assert_functions_use(ASM, ["good"], ("smull", "saddlp", "addp"), "folded")
+
+
+def test_workspace_per_parallel_task_fails():
+    assert_no_workspace_per_task(ASM, "stack only")
+    pooled = ASM.replace("\tsadalp\tv3.4s, v0.8h\n",
+                         "\tadrp\tx8, :got:__TVMBackendAllocWorkspace\n"
+                         "\tsadalp\tv3.4s, v0.8h\n", 1)
+    assert pooled != ASM
+    with pytest.raises(AssertionError, match="1 of 1 parallel tasks allocate"):
+        assert_no_workspace_per_task(pooled, "pooled")
+    with pytest.raises(AssertionError, match="no parallel task"):
+        assert_no_workspace_per_task(ASM.replace("__tvm_parallel_lambda", "helper"), "none")

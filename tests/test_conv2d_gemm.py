@@ -21,7 +21,7 @@ import zlib
 
 import numpy as np
 import pytest
-from armq_checks import assert_alive, assert_functions_use
+from armq_checks import assert_alive, assert_functions_use, assert_no_workspace_per_task
 
 from tvm_armq import targets
 from tvm_armq.intrinsics import kernels, requant
@@ -357,7 +357,8 @@ def test_sweep_covers_every_int8_kernel_and_form():
 def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
     """Every (kernel, case, form) of the level's sweep with the plan's knobs, and the
     level's selected kernel with 2 x 2 macro tiles and K unrolled by 2 as well: bit-exact,
-    and each function runs its kernel's instructions."""
+    each function runs its kernel's instructions, and no parallel task allocates from the
+    runtime's workspace pool."""
     target = targets.resolve(level)
     best = kernels.select(target, "int8", "int8")
     funcs, runs, by_kernel = {}, [], {}
@@ -374,6 +375,7 @@ def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
             runs.append((name, case, args, expected))
             by_kernel.setdefault(kernel, []).append(name)
     asm = _run_and_compare(run_funcs, level, funcs, runs, tmp_path / "sweep.so")
+    assert_no_workspace_per_task(asm, f"conv2d_gemm sweep at {level}")
     for kernel, names in by_kernel.items():
         if kernel.instructions:  # the scalar reference has no instruction to look for
             assert_functions_use(asm, names, kernel.instructions, f"{kernel.name} at {level}")
