@@ -9,8 +9,10 @@ with ``--png`` draws them as a bar chart (needs matplotlib: ``pip install -e .[b
 
 The figure is armperf's own, taken as it is (version 2 and later price sdot / smmla /
 bfmmla and straight-line code that qemu cut into pieces by themselves); the armperf version
-that produced it is printed and stored with the figures. With ``--threads N`` (armperf 3)
-both sides run on N threads and the figure is the critical path: the busiest thread's work.
+that produced it is printed and stored with the figures. The library is compiled for the
+threads it is measured on (``compile_tflite(threads=N)``: serial loops on one). With
+``--threads N`` (armperf 3) both sides run on N threads and the figure is the critical
+path: the busiest thread's work.
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
                                    [--threads N] [--no-stock] [--json out.json]
@@ -84,9 +86,9 @@ def main() -> int:
     a = ap.parse_args()
     armperf_tool.require(ap, a.armperf)
 
-    # on several threads the library asks for the pool it is measured on
-    # (``compile_tflite(threads=N)``); on one it is what `compile` writes by default
-    pool = a.threads if a.threads > 1 else None
+    # the library asks for the pool it is measured on (``compile_tflite(threads=N)``), as
+    # TFLite is given num_threads=N; on one thread its loops are compiled serial
+    pool = a.threads
     builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl, threads=pool)}
     if not a.no_stock:
         builders["stock_tvm"] = compile_stock

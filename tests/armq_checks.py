@@ -154,3 +154,10 @@ def assert_no_workspace_per_task(asm: str, what: str) -> None:
     assert not pooled, (f"{what}: {len(pooled)} of {len(tasks)} parallel tasks allocate from "
                         f"the workspace pool ({', '.join(sorted(pooled)[:3])}, ...)")
 
+
+def llvm_source(exe) -> str:
+    """The LLVM IR of every LLVM module of a compiled executable's library (the VM's own
+    module and the kernels it imports)."""
+    return "".join(m.inspect_source("ll") for m in [exe.mod, *exe.mod.imports]
+                   if m.kind == "llvm")
+

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from armq_checks import llvm_source
 
 import tvm_armq
 from tvm_armq import build, cli, export, integrate, targets, tflite_import
@@ -41,6 +42,27 @@ def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model,
     assert "tvm_armq_conv2d" in asm and "sdot" in asm
     lib = export.export_aarch64(exe, tmp_path / "model.so")
     x = model.random_inputs(seed=5)
+    got = build.run_on_device(devices.session("dotprod"), lib, x)
+    np.testing.assert_array_equal(got[0], model.reference_outputs(x)[0])
+
+
+def test_compile_tflite_builds_main_as_code(zoo_model, tmp_path, devices):
+    """compile_tflite builds the VM program as a function of the library
+    (``build.EXEC_MODE``), which runs bit-exact; plain ``tvm.compile`` keeps TVM's
+    bytecode."""
+    import tvm
+
+    from tvm_armq.tflite_model import TFLiteModel
+
+    assert build.EXEC_MODE == "compiled"
+    model = TFLiteModel.load(zoo_model("conv2d_3x3"))
+    exe = build.compile_tflite(model, "dotprod")
+    assert "@__vmtir__main_compute_(" in llvm_source(exe)
+    plain = tvm.compile(tflite_import.import_tflite(model),
+                        target=tvm.target.Target(tvm_armq.target("dotprod")))
+    assert "__vmtir__main" not in llvm_source(plain)
+    lib = export.export_aarch64(exe, tmp_path / "model.so")
+    x = model.random_inputs(seed=3)
     got = build.run_on_device(devices.session("dotprod"), lib, x)
     np.testing.assert_array_equal(got[0], model.reference_outputs(x)[0])
 

@@ -2,7 +2,8 @@
 
 A net compiled with ``threads=2`` runs on the emulated device in a process whose runtime
 could have more threads (``TVM_NUM_THREADS=4``): it must set its pool to 2 and give
-TFLite's reference outputs bit for bit, at every level (and on 3 threads at one). The GEMMs of few channels split
+TFLite's reference outputs bit for bit, at every level (and on 3 threads and on 1 at one:
+compiled for one thread, its parallel loops are serial). The GEMMs of few channels split
 their rows there too (``GemmPlan.row_chunks``): MobileNetV1 0.25's 8- and 16-channel
 layers. The pieces are checked apart: the call ``main`` makes first, the once-per-thread
 guard (compiled for the host and called), the refusals.
@@ -17,7 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from armq_checks import output_pairs
+from armq_checks import llvm_source, output_pairs
 
 from tvm_armq import build, cli, device, export, threads, zoo
 from tvm_armq.schedules import gemm_plan
@@ -43,10 +44,12 @@ print(json.dumps({"pool": tvm.get_global_func("runtime.NumThreads")(), "outputs"
 
 
 @pytest.mark.device
-@pytest.mark.parametrize("lvl,pool", [(lvl, 2) for lvl in device.LEVELS] + [("dotprod", 3)])
+@pytest.mark.parametrize("lvl,pool", [(lvl, 2) for lvl in device.LEVELS]
+                         + [("dotprod", 3), ("dotprod", 1)])
 def test_net_on_threads_is_bit_exact(lvl, pool, tmp_path):
     """2 threads at every level; 3 at one, which is not what the runtime would choose by
-    itself here (TVM_NUM_THREADS=4, and on this machine's two cores it would take 2)."""
+    itself here (TVM_NUM_THREADS=4, and on this machine's two cores it would take 2); 1,
+    whose loops are compiled serial (``threads.run_serially``)."""
     model = TFLiteModel.load(zoo.build(NET))
     lib = export.export_aarch64(build.compile_tflite(model, lvl, threads=pool),
                                 tmp_path / "m.so")
@@ -96,6 +99,19 @@ def test_few_channel_layers_split_rows_as_well():
     assert small.row_chunks == 2
     serial = gemm_plan.plan(Conv2DShape(1, 112, 112, 8, 16, 1, 1), k, parallel=False)
     assert serial.row_chunks == 1
+
+
+def test_one_thread_compiles_no_parallel_loop():
+    """threads=1: no kernel enters the runtime's thread pool (``threads.run_serially``);
+    left to the runtime (None) or on 2 threads, the same net's kernels do."""
+    model = TFLiteModel.load(zoo.build(NET))
+
+    def launches(pool):
+        exe = build.compile_tflite(model, "dotprod", threads=pool)
+        return llvm_source(exe).count("@__TVMBackendParallelLaunch, align")
+
+    assert launches(1) == 0
+    assert launches(None) > 0 and launches(2) == launches(None)
 
 
 def test_main_configures_the_pool_first():

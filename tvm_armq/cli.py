@@ -449,10 +449,10 @@ def cmd_estimate(a) -> int:
     _at_least_one("--threads", a.threads)
     model = _load(a.model)
     kernels: dict = {}
-    # on several threads the library asks for the pool it is priced on (TVM's own default
-    # stops at the host's core count); on one it is what `compile` writes by default
+    # the library asks for the pool it is priced on (TVM's own default stops at the host's
+    # core count); on one thread its loops are serial (threads.run_serially)
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels,
-                               threads=a.threads if a.threads > 1 else None)
+                               threads=a.threads)
     with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
         lib = export.export_aarch64(exe, Path(tmp) / "model.so")
         args = [(t.shape, t.dtype) for t in model.signature()[0]]

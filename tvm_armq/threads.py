@@ -85,3 +85,29 @@ def configure_pool(mod, threads: int, cores: str = "big"):
                                  attrs=main.attrs)
     mod[POOL_FUNC] = pool_func(threads, cores)
     return mod
+
+
+def run_serially(mod):
+    """``mod`` with the parallel loops of its PrimFuncs made serial: for ``threads=1``.
+
+    A pool of one thread runs a parallel loop's tasks on the calling thread one after
+    another, but the runtime is still entered for each loop (``TVMBackendParallelLaunch``,
+    which reads ``TVM_NUM_THREADS`` from the environment every time unless the pool's size
+    was given as a CPU list), and each task is a function taking its captured variables
+    from a closure. Compiled for one thread, the loops run inline instead; the tasks'
+    split (rows, channel blocks) stays as it was, as plain loops."""
+    import tvm_ffi
+    from tvm import tirx
+
+    def serial(loop):
+        if loop.kind != tirx.ForKind.PARALLEL:
+            return loop
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
+                        loop.thread_binding, loop.annotations, loop.step, loop.span)
+
+    funcs = {gv: f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, serial)]))
+             for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
+    for gv, f in funcs.items():
+        mod[gv] = f
+    return mod
+
