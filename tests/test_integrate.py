@@ -48,8 +48,8 @@ def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model,
 
 def test_compile_tflite_builds_main_as_code(zoo_model, tmp_path, devices):
     """compile_tflite builds the VM program as a function of the library
-    (``build.EXEC_MODE``), which runs bit-exact; plain ``tvm.compile`` keeps TVM's
-    bytecode."""
+    (``build.EXEC_MODE``), which runs bit-exact; plain ``tvm.compile`` and
+    ``exec_mode="bytecode"`` keep TVM's bytecode; another mode is refused."""
     import tvm
 
     from tvm_armq.tflite_model import TFLiteModel
@@ -61,6 +61,10 @@ def test_compile_tflite_builds_main_as_code(zoo_model, tmp_path, devices):
     plain = tvm.compile(tflite_import.import_tflite(model),
                         target=tvm.target.Target(tvm_armq.target("dotprod")))
     assert "__vmtir__main" not in llvm_source(plain)
+    interpreted = build.compile_tflite(model, "dotprod", exec_mode="bytecode")
+    assert "__vmtir__main" not in llvm_source(interpreted)
+    with pytest.raises(ValueError, match="exec_mode 'aot': expected one of compiled, bytecode"):
+        build.compile_tflite(model, "dotprod", exec_mode="aot")
     lib = export.export_aarch64(exe, tmp_path / "model.so")
     x = model.random_inputs(seed=3)
     got = build.run_on_device(devices.session("dotprod"), lib, x)

@@ -39,6 +39,9 @@ PRECISIONS = ("int8", "bf16")
 # EfficientNet-B1 (340 calls per run) at dotprod, armperf 3, 4.649e6 -> 4.504e6 est.
 # cycles, its runtime share 0.426e6 -> 0.265e6.
 EXEC_MODE = "compiled"
+# "bytecode" remains for what needs the interpreter: its per-call hook (the ``estimate``
+# command's per-layer breakdown, ``cycles.estimate(layers=True)``)
+EXEC_MODES = ("compiled", "bytecode")
 
 
 class UnsupportedTarget(ValueError):
@@ -56,7 +59,7 @@ class TuningTargetMismatch(ValueError):
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
                    report: list | None = None, strict: bool = False,
                    kernels: dict | None = None, threads: int | None = None,
-                   cores: str = "big"):
+                   cores: str = "big", exec_mode: str = EXEC_MODE):
     """Import a TFLite model and compile it for ``target``; returns the executable.
 
     For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
@@ -73,8 +76,10 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     (``bfmmla``, weights rounded to bf16 at compile time; needs +bf16, the i8mm level).
     ``threads``: the library sets the runtime's thread pool of the thread that runs it to
     that many threads on the fastest cores, or with ``cores="little"`` the slowest
-    (``threads.py``); None leaves the pool as TVM's runtime sizes it. Any other
-    target compiles with stock TVM, exactly as ``tvm.compile`` would.
+    (``threads.py``); None leaves the pool as TVM's runtime sizes it; 1 also makes the
+    kernels' parallel loops serial. ``exec_mode``: how the VM runs ``main`` (``EXEC_MODE``,
+    compiled; "bytecode" for a per-call profile). Any other target compiles with stock
+    TVM, exactly as ``tvm.compile`` would.
     """
     import tvm
 
@@ -83,6 +88,8 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     if precision not in PRECISIONS:
         raise ValueError(f"precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     pool.check(threads, cores)
+    if exec_mode not in EXEC_MODES:
+        raise ValueError(f"exec_mode {exec_mode!r}: expected one of {', '.join(EXEC_MODES)}")
     tgt = targets.resolve(target)
     if strict and not hooks.applies_to(tgt):
         raise UnsupportedTarget(
@@ -141,7 +148,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     if threads is not None:
         mod = pool.configure_pool(mod, threads, cores)
     executable = tvm.relax.build(mod, tgt, relax_pipeline=hooks.stock_pipeline(),
-                                 exec_mode=EXEC_MODE)
+                                 exec_mode=exec_mode)
     if variants is not None:
         variants.link(executable)
     return executable

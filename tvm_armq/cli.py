@@ -450,9 +450,10 @@ def cmd_estimate(a) -> int:
     model = _load(a.model)
     kernels: dict = {}
     # the library asks for the pool it is priced on (TVM's own default stops at the host's
-    # core count); on one thread its loops are serial (threads.run_serially)
+    # core count); on one thread its loops are serial (threads.run_serially). Its main is
+    # bytecode: the per-layer rows come from the interpreter's hook around each call.
     exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels,
-                               threads=a.threads)
+                               threads=a.threads, exec_mode="bytecode")
     with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
         lib = export.export_aarch64(exe, Path(tmp) / "model.so")
         args = [(t.shape, t.dtype) for t in model.signature()[0]]
