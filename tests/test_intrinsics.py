@@ -617,3 +617,18 @@ def test_register_named_reads_the_parameters_back_from_the_name():
     for bad in ("gemm_s8s8s32_4x4x4_dotprod__direct_k40_nX", "conv2d"):
         with pytest.raises(ValueError, match="not the name of a tvm_armq TensorIntrin"):
             registry.register_named(bad)
+
+
+def test_registers_stay_under_the_stack_limit():
+    """A micro-tile's registers are stack slots: one "global" buffer per tile, refused at
+    TVM's 1 KiB limit, above which they would come from the runtime's workspace pool."""
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder import tirx as T
+
+    with IRBuilder(), T.prim_func():
+        accs = forms.registers(4, 64, "int32")  # 4 tiles of 4 x 16 int32: 256 bytes each
+    assert len(accs) == 4 and not accs[0].same_as(accs[1])
+    assert all(a.scope() == "global" and tuple(a.shape) == (64,) for a in accs)
+    assert forms.STACK_ALLOCATION_LIMIT == 1024
+    with pytest.raises(ValueError, match=r"256 int32 registers per micro-tile \(1024 bytes\)"):
+        forms.registers(1, 256, "int32")
