@@ -160,4 +160,3 @@ def llvm_source(exe) -> str:
     module and the kernels it imports)."""
     return "".join(m.inspect_source("ll") for m in [exe.mod, *exe.mod.imports]
                    if m.kind == "llvm")
-
