@@ -21,7 +21,7 @@ layouts, ``tir_util`` the TIR surgery. The passes (``tvm_armq.integrate``) and t
 take the same steps.
 
 A row tail (``gemm_plan.tail_kernel``): where padding M would waste most of a micro-tile
-(a 7x7 pointwise layer: M = 49 is 12 tiles of 4 rows and one of 1 row and 3 padding), the
+(a 7x7 map: M = 49 is 12 tiles of 4 rows and one of 1 row and 3 padding), the
 last M % mr rows are a second GEMM, run by the family's one-row kernel over the same
 packed B, with its own epilogue; the two outputs are one buffer once scheduled.
 

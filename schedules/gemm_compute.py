@@ -23,17 +23,20 @@ from __future__ import annotations
 
 from .gemm_layout import BORDERED, ROWS, Conv2DShape, RowsCopy, ceil_div
 from .gemm_plan import GemmPart, GemmPlan
+from .tir_util import flatten_written
 
 
 def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None, *,
                      rows: tuple[int, int] | None = None, name: str = "A_packed",
-                     copy: str | None = None, rows_layout: RowsCopy | None = None):
+                     copy: str | None = None, rows_layout: RowsCopy | None = None,
+                     bordered=None):
     """The ``A_packed`` stage: im2col of NHWC ``data`` fused with packing, as a TE tensor
     A_packed[groups, M/mr, K/kr, mr, kr] (``gemm_layout``).
 
     ``copy``: the input copy the plan chose (``GemmPlan.input_copy``): ``ROWS`` packs from
-    the row copy laid out as ``rows_layout``, ``BORDERED`` from the bordered copy, None
-    from the input itself.
+    the row copy laid out as ``rows_layout``, ``BORDERED`` from the bordered copy (the
+    stage ``bordered`` if given: one copy that a row tail's GEMM reads too), None from the
+    input itself.
 
     ``rows`` = (first, count): only the GEMM's rows [first, first + count) (a row tail's
     GEMM, or the rows before it), M = count; None: all of them.
@@ -64,7 +67,9 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
             raise ValueError(f"conv2d_gemm: {s}: a row-blocked im2col covers all rows")
         return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt, row, kb, rows_layout)
     # the bordered copy: the im2col then moves kr-byte vectors with no bounds test
-    padded = bordered_input_te(s, data, pad_value) if copy == BORDERED else None
+    padded = None
+    if copy == BORDERED:
+        padded = bordered if bordered is not None else bordered_input_te(s, data, pad_value)
 
     def a_element(g, bm, bk, i, j):
         m, k = first + tirx.min(bm * mr + i, m_total - 1), bk * kr + j
@@ -219,8 +224,12 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
     (b, y, x) would need divisions. K is reduced over (run, K block, kk) so that B's K
     block is run * blocks + block.
 
-    ``rows`` = (first, count): only the GEMM's rows [first, first + count) (pointwise:
-    a row tail's GEMM or the rows before it), as in ``im2col_packed_te``.
+    ``rows`` = (first, count): only the GEMM's rows [first, first + count) (a row tail's
+    GEMM or the rows before it), as in ``im2col_packed_te``. Past row 0, a kh x kw layer's
+    rows must lie in one output row (a row tail: ``gemm_plan.tail_kernel``), so that
+    their origins are the first row's, a constant, plus an affine step (and the read
+    region is exact: the bordered copy's producer is then seen to cover it), or be read
+    by pixel.
 
     A by-pixel window (``DirectWindow.by_pixel``, the INDIRECT form) puts row i at its
     own pixel m = bm * mr + i instead, origin(m) + run * segment_stride + e, so the
@@ -232,12 +241,15 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
     mr, nr, kr = mr_nr_kr
     s = shape
     first, count = rows if rows is not None else (0, s.gemm_m)
-    if first and not s.is_pointwise:
-        raise ValueError(f"conv2d_gemm: {s}: only a pointwise GEMM reads rows from {first}")
+    ohw = s.out_h * s.out_w
+    if first and not (s.is_pointwise or window.by_pixel
+                      or (first % ohw) % s.out_w + count <= s.out_w):
+        raise ValueError(f"conv2d_gemm: {s}: rows {first}..{first + count} cross output "
+                         "rows (a kh x kw layer's rows past row 0 are read in place in one "
+                         "output row, or by pixel)")
     G, nb = (int(d) for d in b_packed.shape[:2])
     mb = ceil_div(count, mr) if window.by_pixel else count // mr
     blocks = window.segment // kr
-    ohw = s.out_h * s.out_w
     rows, width = (int(d) for d in source.shape[1:3])
     sh, sw = s.strides
 
@@ -249,11 +261,13 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
     def origin(bm):
         if s.is_pointwise:
             return (first + bm * mr) * window.segment
+        if first:  # rows of one output row (a row tail): from the first, a constant
+            return pixel_origin(first) + bm * mr * window.stride
         return pixel_origin(bm * mr)  # the micro-tile's rows are in one output row
 
     def a_at(bm, i, run, block, kk):
         if window.by_pixel:
-            row = pixel_origin(tirx.min(bm * mr + i, count - 1))
+            row = pixel_origin(first + tirx.min(bm * mr + i, count - 1))
         else:
             row = origin(bm) + i * window.stride
         return row + run * window.segment_stride + block * kr + kk
@@ -326,15 +340,18 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     pad = tirx.const(in_zp, in_dtype)
     lo, hi = act_range
 
+    # one bordered copy, read by every part (a row tail's GEMM reads the main one's)
+    bordered = bordered_input_te(s, data, pad) if plan.input_copy == BORDERED else None
+
     def gemm(part: GemmPart):
         """The GEMM stages of ``part`` (its rows, its micro-tile); its blocks."""
         rows, name = (part.first, part.rows), "gemm" + part.suffix
         if part.window is None:
             a_packed = im2col_packed_te(s, part.tile, data, pad, rows=rows,
                                         name="A_packed" + part.suffix, copy=plan.input_copy,
-                                        rows_layout=plan.rows_copy)
+                                        rows_layout=plan.rows_copy, bordered=bordered)
             return packed_gemm_te(a_packed, b_packed, "int32", name=name)
-        source = bordered_input_te(s, data, pad) if plan.input_copy == BORDERED else data
+        source = bordered if bordered is not None else data
         return direct_gemm_te(s, part.tile, part.window, source, b_packed, "int32", rows=rows,
                               name=name)
 
@@ -365,7 +382,10 @@ def conv2d_gemm_func(plan: GemmPlan, **quant):
     (``gemm_schedule.schedule_conv2d_gemm``), which also merges a row tail's outputs."""
     from tvm import te
 
-    return annotate(te.create_prim_func(list(conv2d_gemm_te(plan, **quant))), plan.kernel)
+    func = te.create_prim_func(list(conv2d_gemm_te(plan, **quant)))
+    if plan.input_copy == BORDERED:  # read by flat offset, a row tail's past its first row
+        func = flatten_written(func, BORDERED)
+    return annotate(func, plan.kernel)
 
 
 # Function attributes that mark a PrimFunc as an unscheduled conv2d GEMM (for tuners).

@@ -150,14 +150,21 @@ def tail_kernel(shape: Conv2DShape, kernel):
     A tail is the one-row member of the kernel's family with its kr (``Family.tail_for``:
     the same B_packed), one K loop per row over all of B. It pays where the padding would be
     most of a micro-tile: at most ``TAIL_MAX_SHARE`` of mr rows (M = 49 at mr = 4: one row
-    instead of four, 49 rows of work instead of 52). Pointwise layers (dense included)
-    only: their rows are pixels the tail reads as they are, and no input copy (bordered or
-    row-blocked) has to be shared between the two GEMMs.
+    instead of four, 49 rows of work instead of 52). Any layer whose A the tail can read
+    from the input copy the main GEMM reads (``input_copy``): the input itself, or its
+    bordered copy, which both GEMMs then share. Not a row-blocked K (``ROWS``), whose
+    copy is packed for all rows at once. The tail rows are the last pixels of the last
+    image, read in place at any stride (``direct_window`` with mr = 1) when they are in
+    one output row (``gemm_compute.direct_gemm_te``): out_w at least M % mr.
     """
-    if kernel is None or not shape.is_pointwise or shape.gemm_m < kernel.mr:
+    if kernel is None or shape.gemm_m < kernel.mr:
+        return None
+    if input_copy(shape, kernel.kr, kernel.a_dtype, direct=False) == ROWS:
         return None
     rest = shape.gemm_m % kernel.mr
     if not rest or rest > kernel.mr * TAIL_MAX_SHARE:
+        return None
+    if not shape.is_pointwise and rest > shape.out_w:  # the tail's rows: one output row
         return None
     return kernels.family_of(kernel).tail_for(kernel)
 
@@ -280,8 +287,8 @@ def default_knobs(shape: Conv2DShape, kernel, *, parallel: bool = True,
     ``direct_n_tiles``. A kernel tensorized over the whole K loop (a ``K_LOOP`` form, more
     than one K block) gets one micro-tile per macro tile.
     """
-    by_pixel = rows is None and reads_by_pixel(shape, kernel)  # all M rows, no tail
-    rows = (shape.gemm_m if by_pixel else gemm_rows(shape, kernel)) if rows is None else rows
+    by_pixel = rows is None and reads_by_pixel(shape, kernel)
+    rows = gemm_rows(shape, kernel) if rows is None else rows
     return _knobs(kernel, ceil_div(rows, kernel.mr), ceil_div(shape.gemm_n, kernel.nr),
                   shape.packed_k(kernel.kr, kernel.a_dtype) // kernel.kr,
                   by_pixel or reads_input_directly(shape, kernel, rows), parallel)
@@ -419,9 +426,10 @@ def plan(shape: Conv2DShape, kernel: Kernel, *, knobs: GemmKnobs | None = None,
     ``parallel`` then decides). ``direct``: whether the main GEMM reads A in place, None
     as the policy says (``reads_input_directly``); True where the policy would pack (for
     tests and measurements) requires that it can (``can_read_input_directly``). A row
-    tail (``tail_kernel``) always follows the policy and gets its default knobs.
-    ``by_pixel``: whether the main GEMM reads A in place by pixel (INDIRECT form: all M
-    rows, no row tail), None as the policy says (``reads_by_pixel``, where the affine
+    tail (``tail_kernel``) always follows the policy and gets its default knobs; it reads
+    A in place where the policy says so and its window reads the main GEMM's input copy.
+    ``by_pixel``: whether the main GEMM reads A in place by pixel (INDIRECT form: its
+    last micro-tile may be partly rows past its own), None as the policy says (``reads_by_pixel``, where the affine
     read is not taken); True requires that it can (``can_read_by_pixel``) and excludes
     ``direct``."""
     if knobs is not None:
@@ -441,16 +449,17 @@ def plan(shape: Conv2DShape, kernel: Kernel, *, knobs: GemmKnobs | None = None,
                          "(gemm_layout.direct_window)")
     if by_pixel is None:
         by_pixel = not direct and reads_by_pixel(shape, kernel)
-    if by_pixel:
-        main_rows = shape.gemm_m  # the last micro-tile repeats the last pixel: no tail
     main = _part(shape, kernel, 0, main_rows, direct, knobs, parallel, "", by_pixel)
+    copy = input_copy(shape, kernel.kr, kernel.a_dtype, main.window is not None)
     tail = None
-    twin = None if by_pixel else tail_kernel(shape, kernel)
+    twin = tail_kernel(shape, kernel)
     if twin is not None:
         rest = shape.gemm_m - main_rows
-        tail = _part(shape, twin, main_rows, rest, reads_input_directly(shape, twin, rest),
-                     None, parallel, TAIL)
-    copy = input_copy(shape, kernel.kr, kernel.a_dtype, main.window is not None)
+        # read in place where the policy says and the window's copy is the main GEMM's
+        # (a padded layer whose main GEMM packs from the input itself: the tail packs too)
+        tail_direct = (reads_input_directly(shape, twin, rest)
+                       and input_copy(shape, twin.kr, twin.a_dtype, True) == copy)
+        tail = _part(shape, twin, main_rows, rest, tail_direct, None, parallel, TAIL)
     rows = rows_copy(shape, kernel.kr, kernel.a_dtype) if copy == ROWS else None
     chunks = row_chunks(shape, kernel, main_rows) if parallel else 1
     return GemmPlan(shape, main, tail, copy, rows, parallel, chunks)

@@ -48,9 +48,17 @@ def schedule_conv2d_gemm(func, plan: GemmPlan, target=None):
     from tvm import s_tir
 
     sch = s_tir.Schedule(func)
-    for part in plan.parts:
+    for part in _tail_first(plan):
         _schedule_part(sch, plan, part, _fixed_tiles(sch, part.knobs), target)
     return merge_outputs(sch.mod["main"])
+
+
+def _tail_first(plan: GemmPlan) -> tuple[GemmPart, ...]:
+    """The plan's parts in the order they are scheduled: a row tail before the main GEMM.
+    A by-pixel main GEMM's block, once marked (``indirect.mark``), reads its input copy at
+    indices the schedule cannot analyse, and from then on no other consumer of that copy
+    can be moved (``reverse_compute_at`` needs a stage pipeline)."""
+    return plan.parts[::-1]
 
 
 # Largest inner factor ``sample_conv2d_gemm`` draws per knob: beyond these a macro tile's
@@ -91,9 +99,9 @@ def sample_conv2d_gemm(sch, plan: GemmPlan, target) -> None:
         return list(sch.sample_perfect_tile(loop, n=2,
                                             max_innermost_factor=max_inner(knob)))
 
-    _schedule_part(sch, plan, main, sampled_tile, target)
-    if plan.tail is not None:
-        _schedule_part(sch, plan, plan.tail, _fixed_tiles(sch, plan.tail.knobs), target)
+    for part in _tail_first(plan):
+        tile = sampled_tile if part is main else _fixed_tiles(sch, part.knobs)
+        _schedule_part(sch, plan, part, tile, target)
 
 
 def _fixed_tiles(sch, knobs: GemmKnobs):
@@ -117,7 +125,7 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     ("m_tiles", "n_tiles" or "k_unroll"): ints, or sampled random variables. Nothing
     below branches on a factor's value, so a trace of it replays for any decision. The
     main part also schedules the input copy (``GemmPlan.input_copy``), which a row tail
-    (pointwise, so without one) never has.
+    reads as it is.
     """
     from tvm_armq.intrinsics import indirect, registry
 

@@ -40,6 +40,34 @@ def merge_outputs(func, main_name: str = "output", tail_name: str = "output_tail
                          ret_type=func.ret_type, attrs=func.attrs)
 
 
+def flatten_written(func, block_name: str):
+    """``func`` with the buffer its block ``block_name`` writes laid out as one flat axis:
+    the same bytes in the same (row-major) order, every access rewritten to the flat
+    offset (``Schedule.transform_layout``).
+
+    A direct-read GEMM indexes the bordered input copy by flat offset on its last axis
+    (``gemm_compute.direct_gemm_te``). TVM checks that a producer covers what its
+    consumers read, axis by axis, clipping a read to the axis; a row tail reads from its
+    first output pixel on, wholly past the last axis, and with the copy 4-D that check
+    fails and no block of the function could be moved. Returned as a new func, so that
+    a schedule built from it computes that check afresh."""
+    from tvm import s_tir
+
+    sch = s_tir.Schedule(func)
+    block = sch.get_sblock(block_name)
+    (written,) = sch.get(block).writes
+    shape = [int(d) for d in written.source.shape]
+
+    def flat(*index):
+        offset = index[0]
+        for i, extent in zip(index[1:], shape[1:]):
+            offset = offset * extent + i
+        return [offset]
+
+    sch.transform_layout(block, ("write", 0), flat)
+    return sch.mod["main"]
+
+
 def partition(sch, loop, parts) -> list:
     """``loop`` cut into consecutive loops of the given extents (zeros skipped), in order;
     a zero-extent part gets None."""

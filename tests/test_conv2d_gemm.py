@@ -42,7 +42,7 @@ REFERENCE = kernels.select(targets.resolve({"kind": "c"}), "int8", "int8")  # sc
 DIRECT = "direct"        # a layer a DIRECT form can read in place (sdot, smull/sadalp)
 BY_PIXEL = "by_pixel"    # a layer whose micro-tiles cross output rows: the INDIRECT form
 ONE_ROW = "one_row"      # a GEMM of one row (M = 1)
-TAIL = "tail"            # a pointwise layer whose last M % 4 rows may be a row tail
+TAIL = "tail"            # a layer whose last M % 4 rows may be a row tail
 DEPTH8 = "depth8"        # K 1-8 past a multiple of 16: neon's 8-byte kernel
 BOUNDED = "bounded"      # also built for its largest shift (max_shift)
 FEW_CHANNELS = "few_channels"  # in_c no multiple of kr: row-blocked K
@@ -150,14 +150,25 @@ CASES = [
     _c("one_row_1x1_on_1x1", S(1, 1, 1, 96, 24, 1, 1), 5, 2, ONE_ROW, DIRECT),
     _c("one_row_3x3_valid_c16", S(1, 3, 3, 16, 12, 3, 3), -60, 7, ONE_ROW, DIRECT),
     # the last M % 4 rows through the family's one-row kernel (at most half a micro-tile
-    # left over, pointwise): a 7x7 layer read in place (K = 64), one packed (K = 32), two
-    # tail rows (dense M = 6, batch 2 of 5x5: M = 50), one tail row with a K remainder
-    # (dotprod: K = 20 is 5 blocks of 4; neon pads 20 to 32), and M = 7, 3 rows padded.
+    # left over): a 7x7 pointwise layer read in place (K = 64), one packed (K = 32), two
+    # tail rows (dense M = 6, batch 2 of 5x5: M = 50); a stride-2 1x1 into 7 x 7 (the
+    # tail row read in place at its pixel), a padded 3x3 at 7 x 7 (both GEMMs read the
+    # one bordered copy), the same over two images (two tail rows, in the second image);
+    # one tail row with a K remainder (dotprod: K = 20 is 5 blocks of 4; neon pads 20 to
+    # 32), a stride-2 3x3 of 4 channels into 7 x 7 (dotprod: K = 36, both GEMMs packed
+    # from the bordered copy; neon: row-blocked K, padded), and M = 7, 3 rows padded.
     _c("tail_7x7_k64_direct", S(1, 7, 7, 64, 40, 1, 1), -128, 3, TAIL, DIRECT),
     _c("tail_7x7_k32_packed", S(1, 7, 7, 32, 24, 1, 1), 17, -9, TAIL, act_range=(-128, 60)),
     _c("tail_dense_rows6", S.dense(6, 48, 20), 5, 0, TAIL),
     _c("tail_batch2_rows50", S(2, 5, 5, 16, 12, 1, 1), -40, -128, TAIL),
+    _c("tail_1x1_s2_7x7", S(1, 13, 13, 64, 40, 1, 1, strides=(2, 2)), 30, -4, TAIL),
+    _c("tail_3x3_7x7_same", S(1, 7, 7, 16, 24, 3, 3, padding=(1, 1, 1, 1)), -70, 8, TAIL,
+       act_range=(-128, 70)),
+    _c("tail_3x3_batch2_rows50", S(2, 5, 5, 16, 8, 3, 3, padding=(1, 1, 1, 1)), 4, -128,
+       TAIL),
     _c("tail_rows9_k20", S(1, 3, 3, 20, 8, 1, 1), 100, 1, TAIL),
+    _c("tail_3x3_s2_k36_packed", S(1, 13, 13, 4, 8, 3, 3, strides=(2, 2),
+                                   padding=(1, 1, 1, 1)), -9, 12, TAIL),
     _c("no_tail_rows7", S.dense(7, 64, 16), -2, 2, TAIL),
     # Read by pixel (the INDIRECT form, ``DirectWindow.by_pixel``): output rows that are
     # no whole number of micro-tiles, so tiles cross rows (and images): a 7x7 map (M = 49,
@@ -557,8 +568,8 @@ def test_design_space_holds_the_default_knobs(level):
 def test_direct_read_design_space_on_device(run_funcs, level, tmp_path, report):
     """The design space of a layer read in place, along output rows and by pixel: m_tiles
     sampled, n_tiles fixed (the direct intrinsic is registered per n_tiles); every
-    candidate tensorized (DIRECT) or marked for the indirect lowering (INDIRECT), and
-    bit-exact."""
+    candidate tensorized (DIRECT) or marked for the indirect lowering (INDIRECT; its row
+    tail, if any, tensorized), and bit-exact."""
     from tvm_armq.intrinsics import indirect
 
     target = targets.resolve(level)
@@ -575,8 +586,9 @@ def test_direct_read_design_space_on_device(run_funcs, level, tmp_path, report):
         assert kinds.count("SamplePerfectTile") == 1, kinds
         if read == IN_PLACE:
             assert "Tensorize" in kinds, kinds
-        else:
-            assert "Tensorize" not in kinds and "Blockize" in kinds, kinds
+        else:  # a row tail (M % 4 rows) is read in place along its output row
+            tail = gemm_plan.plan(c.shape, kernel, **_reads(read)).tail
+            assert ("Tensorize" in kinds) == (tail is not None) and "Blockize" in kinds, kinds
             assert indirect.MARK in str(func)
         funcs[c.name] = func
         runs.append((c.name, c, *_case_data(c, 100 + i, kernel)))
@@ -688,7 +700,7 @@ def test_direct_read_only_where_it_applies():
 def test_read_by_pixel_where_it_applies():
     """Where micro-tiles would cross output rows (out_w no multiple of mr, or a strided 1x1
     into such a map) and K >= DIRECT_MIN_K, a kernel with the INDIRECT form reads A by
-    pixel: all M rows in one GEMM (no row tail), no A_packed stage, the by-pixel window of
+    pixel (M but a row tail), no A_packed stage, the by-pixel window of
     kernel rows; only over as many column passes as the kernel's
     ``Cost.by_pixel_max_passes`` (sdot 32, the widening kernel 16). Layers the affine
     window reads keep it; smmla (which can, ``can_read_by_pixel``), the reference,
@@ -701,8 +713,14 @@ def test_read_by_pixel_where_it_applies():
     for shape, kernel in ((d121, dot), (d121, neon), (r50, dot)):
         assert gp.reads_by_pixel(shape, kernel), (shape, kernel.name)
         plan = gp.plan(shape, kernel)
-        assert plan.main.form == kernels.INDIRECT and plan.tail is None
-        assert plan.main.rows == shape.gemm_m and plan.input_copy == "data_padded"
+        assert plan.main.form == kernels.INDIRECT and plan.input_copy == "data_padded"
+        # 14 x 14: whole micro-tiles, no tail; 7 x 7: 48 rows, the last through the
+        # one-row twin, read in place at its pixel from the same bordered copy
+        assert plan.main.rows == gp.gemm_rows(shape, kernel)
+        if shape.gemm_m % kernel.mr:
+            assert plan.tail.form == kernels.DIRECT and plan.tail.window.segments == 3
+        else:
+            assert plan.tail is None
         assert plan.main.window == DirectWindow.of_pixels(3 * shape.in_c, 3,
                                                           (shape.in_w + 2) * shape.in_c)
         knobs = gp.default_knobs(shape, kernel)
@@ -736,9 +754,10 @@ def test_read_by_pixel_where_it_applies():
 def test_row_tails_where_the_policy_says():
     """The tagged tail layers get a row tail through the family's one-row member (neon
     1x4x16, dotprod 1x4x4, reading the same packed B) when at most half a micro-tile is
-    left over; smmla's family has no one-row member, so at i8mm the rows are padded."""
+    left over, pointwise or not; smmla's family has no one-row member, so at i8mm the rows
+    are padded."""
     tail_cases = tagged(TAIL)
-    for level, want in (("neon", 4), ("dotprod", 5), ("i8mm", 0)):
+    for level, want in (("neon", 7), ("dotprod", 9), ("i8mm", 0)):
         target = targets.resolve(level)
         got = []
         for c in tail_cases:
@@ -751,6 +770,21 @@ def test_row_tails_where_the_policy_says():
                 assert t.kernel.one_row and (t.kernel.nr, t.kernel.kr) == (kernel.nr, kernel.kr)
                 assert (t.first, t.first + t.rows) == (plan.main.rows, c.shape.gemm_m)
         assert got == [c.name for c in tail_cases[:want]], (level, got)
+    # beyond pointwise layers: the tail row read in place at its own pixel (from the
+    # bordered copy the main GEMM reads, where the layer pads), packed where K is short
+    dot = kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD)
+    forms = {}
+    for c in tail_cases:
+        plan = gemm_plan.plan(c.shape, dot)
+        if plan.tail is not None:
+            forms[c.name] = (plan.main.form, plan.tail.form, plan.input_copy)
+    assert forms["tail_1x1_s2_7x7"] == (kernels.INDIRECT, kernels.DIRECT, None)
+    assert forms["tail_3x3_7x7_same"] == (kernels.INDIRECT, kernels.DIRECT, "data_padded")
+    assert forms["tail_3x3_s2_k36_packed"] == (kernels.BLOCK, kernels.BLOCK, "data_padded")
+    # a row-blocked K (its row copy packed for all rows at once) pads its last rows
+    few = S(1, 13, 13, 3, 8, 3, 3, strides=(2, 2), padding=(1, 1, 1, 1))
+    assert gemm_plan.plan(few, dot).input_copy == "data_rows"
+    assert gemm_plan.tail_kernel(few, dot) is None
 
 
 def test_plan_describes_each_part():
