@@ -90,8 +90,9 @@ def run_funcs(devices):
     def run(level, funcs, calls, path):
         named = {name: f.with_attr("global_symbol", name) for name, f in funcs.items()}
         ex = tvm.compile(tvm.IRModule(named), target=targets.resolve(level))
-        lib = export.export_aarch64(ex, path)
+        # the device first: starting it provisions the cross toolchain the export links with
         sess = devices.session(level)
+        lib = export.export_aarch64(ex, path)
         sess.upload(str(lib))
         rlib, dev = sess.load_module(lib.name), sess.cpu(0)
         outs = []
