@@ -95,3 +95,38 @@ def loops_below(sch, block, loop) -> list:
 def largest_divisor(extent: int, want: int) -> int:
     return max(d for d in range(1, max(1, min(want, extent)) + 1) if extent % d == 0)
 
+
+
+def view_params(func, shapes: dict):
+    """``func`` with parameter ``i`` taking shape ``shapes[i]`` (same dtype, same element
+    count): the body still reads and writes the old buffer, declared over the new
+    parameter's data as a row-major view of it.
+
+    A GEMM writes C as [M, groups, N] and reads a dense layer's row as [1, 1, 1, K]; the
+    model's tensors are NHWC and [1, K]. Viewing the parameter inside the kernel is the
+    reshape at no cost, where a Relax reshape between two calls is a runtime call
+    (``vm.builtin.reshape``) and a tensor object each run."""
+    from tvm import s_tir, tirx
+
+    params, decls = list(func.params), []
+    for i, shape in sorted(shapes.items()):
+        old = params[i]
+        shape = tuple(int(d) for d in shape)
+        if int(np.prod(shape)) != int(np.prod([int(d) for d in old.shape])):
+            raise ValueError(f"view_params: {old.name} {tuple(old.shape)} is not {shape}")
+        new = tirx.decl_buffer(shape, old.dtype, old.name)
+        decls.append(tirx.DeclBuffer(old, data=tirx.call_intrin("handle", "tirx.buffer_data",
+                                                                new)))
+        params[i] = new
+    if not decls:
+        return func
+    body = func.body
+    if isinstance(body, s_tir.SBlockRealize):  # the views open the root block's body (Relax
+        root = body.block                      # passes read a PrimFunc's root block)
+        body = s_tir.SBlockRealize(body.iter_values, body.predicate, s_tir.SBlock(
+            root.iter_vars, root.reads, root.writes, root.name_hint,
+            tirx.SeqStmt([*decls, root.body]), root.init, root.alloc_buffers,
+            root.match_buffers, root.annotations))
+    else:
+        body = tirx.SeqStmt([*decls, body])
+    return tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)

@@ -30,7 +30,7 @@ from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
 from tvm_armq.schedules.gemm_plan import GemmKnobs
-from tvm_armq.schedules.tir_util import merge_outputs
+from tvm_armq.schedules.tir_util import merge_outputs, view_params
 from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_layers import read_layer
 
@@ -813,6 +813,28 @@ def test_merge_outputs_joins_the_tail_into_one_output():
     plain = gemm_compute.conv2d_gemm_func(gemm_plan.plan(S(1, 4, 4, 32, 8, 1, 1), kernel),
                                           **quant)
     assert merge_outputs(plain).same_as(plain)
+
+
+def test_view_params_reshapes_a_scheduled_gemm_in_place_on_device(run_funcs, tmp_path):
+    """A scheduled GEMM whose output [M, 1, N] and input are given the model's shapes
+    (``view_params``: NHWC out, the input flattened) runs bit-exact on the device with
+    tensors of those shapes; a shape of another element count is refused by name."""
+    level = "dotprod"
+    kernel = kernels.select(targets.resolve(level), "int8", "int8")
+    case = _c("view_4x6_k32", S(1, 4, 6, 32, 24, 1, 1), 3, -5)
+    args, expected = _case_data(case, 7, kernel)
+    func, _ = _build(case, kernel, targets.resolve(level))
+    out = len(func.params) - 1
+    assert [int(d) for d in func.params[out].shape] == [24, 1, 24]
+    viewed = view_params(func, {0: (4 * 6 * 32,), out: (1, 4, 6, 24)})
+    assert [int(d) for d in viewed.params[out].shape] == [1, 4, 6, 24]
+    _, (got,) = run_funcs(level, {"viewed": viewed},
+                          [("viewed", [args[0].reshape(-1), *args[1:]], (1, 4, 6, 24),
+                            "int8")], tmp_path / "viewed.so")
+    np.testing.assert_array_equal(got, expected.reshape(1, 4, 6, 24))
+    assert view_params(func, {}).same_as(func)
+    with pytest.raises(ValueError, match=r"view_params: output \(24, 1, 24\) is not"):
+        view_params(func, {out: (1, 4, 6, 25)})
 
 
 # ------------------------------------------------------------- bounded shifts

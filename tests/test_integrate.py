@@ -143,6 +143,22 @@ def test_every_record_names_its_kernels_in_the_grammar(zoo_model, level):
             "avg_pool", "resize_bilinear", "requantize", "zero_insert"} <= seen, seen
 
 
+def test_kernels_take_and_give_the_model_shapes(zoo_model):
+    """A GEMM returns the model's shape (NHWC, [1, N] for a dense layer) and a dense layer
+    takes its [1, K] row as it is, each a view inside the kernel
+    (``tir_util.view_params``), so no Relax reshape runs between two kernel calls:
+    two_in_two_out's lowered main keeps one reshape, the model's own RESHAPE op."""
+    from tvm_armq.tflite_model import TFLiteModel
+
+    model = TFLiteModel.load(zoo_model("two_in_two_out"))
+    mod = build.lower(tflite_import.import_tflite(model), targets.resolve("dotprod"))
+    text = mod["main"].script()
+    assert text.count("R.reshape(") == 1, text
+    assert 'op5_reshape: R.Tensor((32,), dtype="int8") = R.reshape(' in text
+    assert "out_ty=R.Tensor((1, 12, 12, 16)" in text and "out_ty=R.Tensor((1, 10)" in text
+    assert "tvm_armq_dense, (serving_default_input_b_0," in text
+
+
 def test_inspect_names_row_tails(zoo_model):
     """MobileNetV1's 7x7 pointwise layers (M = 49) run their last row through the one-row
     twin at dotprod, and the log names it; no other layer has a row tail."""

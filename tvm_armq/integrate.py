@@ -897,19 +897,30 @@ def _lowering_rewriter():
                                             + "+" + kc.record.kernel)
             return kc
 
-        def _call_tir(self, kc: _KernelCall):
-            """Emit ``kc``; returns the output expression (not yet bound)."""
-            args = []
-            for item in kc.inputs:
+        def _call_tir(self, kc: _KernelCall, out_shape=None):
+            """Emit ``kc``; returns the output expression (not yet bound). ``out_shape``:
+            the shape the call's output takes instead of ``kc.out_shape`` (the same
+            elements, row-major). An input of another shape than the kernel's parameter,
+            and such an output, are views inside the kernel (``tir_util.view_params``),
+            not reshapes between calls."""
+            from tvm_armq.schedules.tir_util import view_params
+
+            args, views = [], {}
+            for i, item in enumerate(kc.inputs):
                 x, shape = item if isinstance(item, tuple) else (item, shape_of(item))
                 if isinstance(x, _KernelCall):  # a kernel's output is this one's input
                     args.append(self.builder_.emit(self._call_tir(x)))
                     continue
-                new = self.visit_expr(x)
-                args.append(new if shape_of(x) == tuple(shape)
-                            else self.builder_.emit(relax.op.reshape(new, shape)))
+                args.append(self.visit_expr(x))
+                if shape_of(x) != tuple(shape):
+                    views[i] = shape_of(x)
+            out_shape = tuple(kc.out_shape) if out_shape is None else tuple(out_shape)
+            if out_shape != tuple(kc.out_shape):  # the output is the last parameter
+                last = len(kc.func.params) - 1
+                assert tuple(int(d) for d in kc.func.params[last].shape) == tuple(kc.out_shape)
+                views[last] = out_shape
             # te.create_prim_func names every func "main"; the module names them instead
-            func = kc.func.without_attr("global_symbol")
+            func = view_params(kc.func, views).without_attr("global_symbol")
             # a GEMM names itself; a kernel of the layer's (row sums, zero insertion, a
             # concatenation's requantized part) has no record of its own
             if kc.record is not None and "tvm_armq.kernel" not in (func.attrs or {}):
@@ -918,7 +929,7 @@ def _lowering_rewriter():
             gv = self.builder_.add_func(func, f"tvm_armq_{kc.name}")
             args += [relax.const(c) for c in kc.consts]
             args += [self.builder_.emit(self._call_tir(c)) for c in kc.after]
-            return relax.op.call_tir(gv, args, relax.TensorType(kc.out_shape, kc.out_dtype))
+            return relax.op.call_tir(gv, args, relax.TensorType(out_shape, kc.out_dtype))
 
         def _emit(self, made):
             if isinstance(made, _Concat):
@@ -934,10 +945,7 @@ def _lowering_rewriter():
                                             "tvm_armq_concat")
                 return relax.op.call_tir(gv, parts,
                                          relax.TensorType(made.record.out_shape, dtype))
-            out = self._call_tir(made)
-            final = made.record.out_shape
-            if tuple(made.out_shape) != tuple(final):
-                out = relax.op.reshape(self.builder_.emit(out), final)
+            out = self._call_tir(made, made.record.out_shape)
             self.report.append(made.record)
             return out
 
