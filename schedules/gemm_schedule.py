@@ -14,7 +14,8 @@ from tvm_armq.intrinsics import kernels
 
 from .gemm_layout import BORDERED, COPY_LANES, ROWS, RowsCopy
 from .gemm_plan import GemmKnobs, GemmPart, GemmPlan, direct_n_tiles
-from .tir_util import largest_divisor, loops_below, merge_outputs, only_block, partition
+from .tir_util import (largest_divisor, loops_below, merge_outputs, only_block, partition,
+                       vectorize_in_registers)
 
 
 def schedule_conv2d_gemm(func, plan: GemmPlan, target=None):
@@ -185,10 +186,12 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None) -> No
     if part is plan.main and plan.input_copy == ROWS:
         _schedule_rows_copy(sch, sch.get_sblock(ROWS), plan.rows_copy, parallel)
     if part is plan.main and plan.input_copy == BORDERED:
-        # the bordered input copy: rows in parallel, channels in vectors
+        # the bordered input copy: rows in parallel, channels in vectors of COPY_LANES
+        # (a layer's whole channel loop as one vector, 384 lanes of InceptionV3's 8 x 8
+        # layers, was legalized lane by lane: a byte load, a store and an insert each)
         loops = sch.get_loops(sch.get_sblock(BORDERED))
         rows, channels = loops[1], loops[-1]
-        sch.vectorize(channels)
+        vectorize_in_registers(sch, channels, COPY_LANES)
         if parallel:
             sch.parallel(rows)
     if parallel:  # before the reduction is split in init + update (parallel rejects it)

@@ -98,6 +98,8 @@ import numpy as np
 from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, MAX_SHIFT, MIN_SHIFT,
                                          quantize_multiplier)
 
+from .tir_util import vectorize_in_registers
+
 LANES = 16  # int8 lanes in one 128-bit NEON register
 DTYPES = ("int8", "uint8")
 Q31 = 31  # fractional bits of TFLite's multipliers (qmuls' q)
@@ -394,16 +396,9 @@ def elementwise_schedule(func):
         if int(sch.get(outer).extent) > 1:
             sch.parallel(outer)
     channels = int(sch.get(inner).extent)
-    if channels <= LANES:
-        sch.vectorize(inner)
-        return sch.mod["main"]
-    main = channels // LANES * LANES
-    parts = [inner] if main == channels else sch.loop_partition(inner, [main, None])
-    vectors, lanes = sch.split(parts[0], [None, LANES])
-    sch.vectorize(lanes)
-    if len(parts) > 1:
-        sch.vectorize(parts[1])  # the remainder: one vector of channels % 16 lanes
-    elif len(loops) == 1 and int(sch.get(vectors).extent) > 1:
+    vectors = vectorize_in_registers(sch, inner, LANES)
+    if (vectors is not None and channels % LANES == 0 and len(loops) == 1
+            and int(sch.get(vectors).extent) > 1):
         sch.parallel(vectors)  # a 1-D tensor: its vectors are the outer axis
     return sch.mod["main"]
 

@@ -97,6 +97,25 @@ def largest_divisor(extent: int, want: int) -> int:
 
 
 
+def vectorize_in_registers(sch, loop, lanes: int):
+    """``loop`` vectorized ``lanes`` at a time: one vector when its extent is at most
+    ``lanes``, else a loop over whole vectors and, for the extent's remainder, one
+    narrower vector. Returns the loop over whole vectors (None when there is none).
+    A vector as wide as a whole channel loop (hundreds of lanes) is legalized by LLVM
+    element by element wherever it is not a plain load or store."""
+    extent = int(sch.get(loop).extent)
+    if extent <= lanes:
+        sch.vectorize(loop)
+        return None
+    main = extent // lanes * lanes
+    parts = [loop] if main == extent else sch.loop_partition(loop, [main, None])
+    vectors, inner = sch.split(parts[0], [None, lanes])
+    sch.vectorize(inner)
+    if len(parts) > 1:
+        sch.vectorize(parts[1])
+    return vectors
+
+
 def view_params(func, shapes: dict):
     """``func`` with parameter ``i`` taking shape ``shapes[i]`` (same dtype, same element
     count): the body still reads and writes the old buffer, declared over the new

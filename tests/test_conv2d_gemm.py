@@ -77,6 +77,8 @@ CASES = [
        -128, FEW_CHANNELS),
     _c("3x3_dilation2", S(1, 9, 10, 4, 5, 3, 3, dilation=(2, 2), padding=(2, 2, 2, 2)), -1,
        3),
+    # a bordered copy of 40 channels: two 16-byte vectors and an 8-byte one per pixel
+    _c("1x3_same_c40", S(1, 4, 8, 40, 16, 1, 3, padding=(0, 1, 0, 1)), -9, 4),
     _c("5x5_asym_pad_relu6", S(1, 7, 6, 3, 9, 5, 5, padding=(2, 1, 2, 3)), -20, -128,
        FEW_CHANNELS, act_range=(-128, 40)),
     _c("1x7_strided_w", S(1, 4, 15, 3, 6, 1, 7, strides=(1, 2), padding=(0, 3, 0, 3)), 40,
@@ -835,6 +837,27 @@ def test_view_params_reshapes_a_scheduled_gemm_in_place_on_device(run_funcs, tmp
     assert view_params(func, {}).same_as(func)
     with pytest.raises(ValueError, match=r"view_params: output \(24, 1, 24\) is not"):
         view_params(func, {out: (1, 4, 6, 25)})
+
+
+@pytest.mark.parametrize("channels, vectors", [(384, [16]), (200, [8, 16]), (12, [12])])
+def test_bordered_copy_moves_channels_a_register_at_a_time(channels, vectors):
+    """The bordered input copy of a padded layer runs its channels in vectors of at most
+    COPY_LANES (and one narrower vector for the rest): a whole channel loop as one vector
+    (384 lanes in InceptionV3's 8 x 8 layers) was legalized by LLVM byte by byte."""
+    import re
+
+    from tvm_armq.schedules.gemm_layout import BORDERED, COPY_LANES
+
+    shape = S(1, 8, 8, channels, 32, 1, 3, padding=(0, 1, 0, 1))
+    case = _c("bordered", shape, 0, 0)
+    func, plan = _build(case, kernels.get(kernels.GEMM_S8S8S32_4X4X4_DOTPROD),
+                        targets.resolve("dotprod"))
+    assert plan.input_copy == BORDERED
+    text = func.script()
+    copy = text[text.index(f"{BORDERED} = "):text.index("for g in")]  # the copy's loops
+    found = sorted({int(b) - int(a or 0)
+                    for a, b in re.findall(r"T.vectorized\((?:(\d+), )?(\d+)\)", copy)})
+    assert found == vectors and max(found) <= COPY_LANES, copy
 
 
 # ------------------------------------------------------------- bounded shifts
