@@ -61,6 +61,22 @@ ROWS = (1, _LANES)
 DEPTHS = (_HALF, 2 * _HALF)
 
 
+def _half_of(rows: list, h, half: str, kr: int) -> list:
+    """Inside a loop over the halves ``h`` of a block: half ``h`` of each whole-block
+    vector of ``rows`` (itself when the block is one half). Each row is loaded once per
+    block as one 16-byte vector: its two halves are then the low and high halves of one
+    register, which smull and smull2 read as they are, where two 8-byte loads per row
+    were two load instructions (a one-row GEMM's K loop, which loads every B row once,
+    issued 41 loads for 40 multiplies and ran at the core's dispatch width, not at its
+    one widening multiply a cycle). The select on ``h`` folds once the loop is unrolled."""
+    from tvm import tirx
+
+    if kr == _HALF:
+        return rows
+    return [tirx.Select(h == 0, tirx.vectorlow(half, v), tirx.vectorhigh(half, v))
+            for v in rows]
+
+
 def _widening_setup(kernel: Kernel):
     """Check ``kernel`` is one of this module's and return what both forms build from:
     (mull, addlp, product dtype, mr, nr, kr, half-register dtype, accumulator dtype)."""
@@ -143,10 +159,13 @@ def impl_k_loop(kernel: Kernel, k_blocks: int):
         # LLVM's reassociation would first add the two saddlp results together and then
         # add that to S: three instructions instead of two. The half loop is unrolled only
         # after that pass has run.
+        block = f"{kernel.a_dtype}x{kr}"
         with T.serial(k_blocks) as kb:
+            a_rows = [T.bind(A.vload([kb, i, 0], block)) for i in range(mr)]
+            b_rows = [T.bind(B.vload([kb, j, 0], block)) for j in range(nr)]
             with T.serial(kr // _HALF) as h:
-                a_half = [T.bind(A.vload([kb, i, h * _HALF], half)) for i in range(mr)]
-                b_half = [T.bind(B.vload([kb, j, h * _HALF], half)) for j in range(nr)]
+                a_half = [T.bind(v) for v in _half_of(a_rows, h, half, kr)]
+                b_half = [T.bind(v) for v in _half_of(b_rows, h, half, kr)]
                 for i in range(mr):
                     for j in range(nr):
                         prod = tirx.call_llvm_pure_intrin(products, mull, a_half[i], b_half[j])
@@ -209,15 +228,19 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
                                    [tirx.Ramp(at(i, j), 1, _LANES)])
 
         def run(r):
-            # one loop step per 8-byte half, as in impl_k_loop (one smull + one sadalp each)
+            # rows loaded whole per block, then one loop step per 8-byte half as in
+            # impl_k_loop (one smull + one sadalp each); B one tile at a time, so that one
+            # tile's rows are live at once (all n_tiles' spill beside the accumulators)
+            block = f"{kernel.a_dtype}x{kr}"
             with T.serial(blocks) as kb:
-                with T.serial(kr // _HALF) as h:
-                    offset = r * window.segment_stride + kb * kr + h * _HALF
-                    a_half = [T.bind(load(i, offset, half))
-                              for i in range(mr)]
-                    for t in range(n_tiles):
-                        b_half = [T.bind(B.vload([t, r * blocks + kb, j, h * _HALF], half))
-                                  for j in range(nr)]
+                offset = r * window.segment_stride + kb * kr
+                a_rows = [T.bind(load(i, offset, block)) for i in range(mr)]
+                for t in range(n_tiles):
+                    b_rows = [T.bind(B.vload([t, r * blocks + kb, j, 0], block))
+                              for j in range(nr)]
+                    with T.serial(kr // _HALF) as h:
+                        a_half = [T.bind(v) for v in _half_of(a_rows, h, half, kr)]
+                        b_half = [T.bind(v) for v in _half_of(b_rows, h, half, kr)]
                         for i in range(mr):
                             for j in range(nr):
                                 prod = tirx.call_llvm_pure_intrin(products, mull, a_half[i],
