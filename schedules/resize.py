@@ -133,8 +133,11 @@ def resize_bilinear_func(in_shape, out_hw, dtype: str = "int8", *, schedule: boo
                  + at(ty[i, HI], tx[j, LO]) * (wy * (ONE - wx))
                  + at(ty[i, LO], tx[j, HI]) * ((ONE - wy) * wx)
                  + at(ty[i, HI], tx[j, HI]) * (wy * wx))
-        rounded = tirx.truncdiv(tirx.Select(total > 0, total + half, total - half),
-                                1 << SUM_BITS)
+        # half away from zero: floor((t + 2**19 - 1) / 2**20) for a negative t is C's
+        # (t - 2**19) / 2**20, so the sign (t >> 31, -1 or 0) is the whole fixup, and the
+        # division an arithmetic shift (ssra + srshr where a test, a select and a
+        # truncating division were six instructions per int32x4)
+        rounded = (total + (total >> 31) + half) >> SUM_BITS
         return rounded.astype(dtype)
 
     out = te.compute((n, out_h, out_w, c), element, name="resize_bilinear")
