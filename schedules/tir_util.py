@@ -1,4 +1,5 @@
-"""TIR helpers of the GEMM schedules: loop surgery and the row tail's output merge."""
+"""TIR helpers of the schedules: loop surgery, vectors of a register's width, the row tail's
+output merge and a kernel's parameters viewed in the model's shapes."""
 
 from __future__ import annotations
 
@@ -94,7 +95,6 @@ def loops_below(sch, block, loop) -> list:
 
 def largest_divisor(extent: int, want: int) -> int:
     return max(d for d in range(1, max(1, min(want, extent)) + 1) if extent % d == 0)
-
 
 
 def vectorize_in_registers(sch, loop, lanes: int):
