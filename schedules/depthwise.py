@@ -104,6 +104,7 @@ import dataclasses
 
 import numpy as np
 
+from .tir_util import vectorize_in_registers
 from .window import Window2D
 
 LANES = 16  # int8 lanes in one 128-bit NEON register
@@ -457,18 +458,10 @@ def _schedule_padded(sch, s: DepthwiseShape, cb: int, rows_parallel):
     sch.compute_inline(blocks["acc"])
     pn, ph, _, pc = sch.get_loops(blocks["pad"])
     pad_rows = sch.fuse(pn, ph)
-    channels = s.channels
-    if channels > cb:
-        main = channels // cb * cb
-        parts = [pc] if main == channels else sch.loop_partition(pc, [main, None])
-        sch.vectorize(sch.split(parts[0], [None, cb])[1])
-        if len(parts) > 1:
-            sch.vectorize(parts[1])
-    else:
-        sch.vectorize(pc)
+    vectorize_in_registers(sch, pc, cb)
     n, oh, _, _ = sch.get_loops(blocks["output"])
     rows_parallel([pad_rows, sch.fuse(n, oh)])
-    _channel_blocks(sch, channels, cb)
+    _channel_blocks(sch, s.channels, cb)
 
 
 def _channel_blocks(sch, channels: int, cb: int):

@@ -32,10 +32,20 @@ def merge_outputs(func, main_name: str = "output", tail_name: str = "output_tail
     rows = [tvm.ir.Range.from_min_extent(main, rest)] + [tvm.ir.Range.from_min_extent(0, d)
                                                          for d in inner]
     match = s_tir.MatchBufferRegion(view, tirx.BufferRegion(full, rows))
-    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, root.body,
-                        root.init, root.alloc_buffers, [*root.match_buffers, match],
-                        root.annotations)
     params = [full if p.same_as(out) else p for p in func.params if not p.same_as(tail)]
+    return _with_root(func, params, realize, match_buffers=[*root.match_buffers, match])
+
+
+def _with_root(func, params, realize, *, body=None, match_buffers=None):
+    """``func`` with ``params`` and its root block (of the SBlockRealize ``realize``) given
+    another ``body`` and / or ``match_buffers``, every other field as it was."""
+    from tvm import s_tir, tirx
+
+    root = realize.block
+    root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint,
+                        root.body if body is None else body, root.init, root.alloc_buffers,
+                        root.match_buffers if match_buffers is None else match_buffers,
+                        root.annotations)
     return tirx.PrimFunc(params, s_tir.SBlockRealize(realize.iter_values, realize.predicate,
                                                      root),
                          ret_type=func.ret_type, attrs=func.attrs)
@@ -139,13 +149,10 @@ def view_params(func, shapes: dict):
         params[i] = new
     if not decls:
         return func
-    body = func.body
-    if isinstance(body, s_tir.SBlockRealize):  # the views open the root block's body (Relax
-        root = body.block                      # passes read a PrimFunc's root block)
-        body = s_tir.SBlockRealize(body.iter_values, body.predicate, s_tir.SBlock(
-            root.iter_vars, root.reads, root.writes, root.name_hint,
-            tirx.SeqStmt([*decls, root.body]), root.init, root.alloc_buffers,
-            root.match_buffers, root.annotations))
-    else:
-        body = tirx.SeqStmt([*decls, body])
-    return tirx.PrimFunc(params, body, ret_type=func.ret_type, attrs=func.attrs)
+    realize = func.body
+    if isinstance(realize, s_tir.SBlockRealize):  # the views open the root block's body
+        # (Relax passes read a PrimFunc's root block)
+        return _with_root(func, params, realize,
+                          body=tirx.SeqStmt([*decls, realize.block.body]))
+    return tirx.PrimFunc(params, tirx.SeqStmt([*decls, func.body]), ret_type=func.ret_type,
+                         attrs=func.attrs)
