@@ -1,5 +1,6 @@
 """TIR helpers of the schedules: loop surgery, vectors of a register's width, the row tail's
-output merge and a kernel's parameters viewed in the model's shapes."""
+output merge, a kernel's parameters viewed in the model's shapes or declared over other
+parameters (``open_with``)."""
 
 from __future__ import annotations
 
@@ -135,7 +136,7 @@ def view_params(func, shapes: dict):
     model's tensors are NHWC and [1, K]. Viewing the parameter inside the kernel is the
     reshape at no cost, where a Relax reshape between two calls is a runtime call
     (``vm.builtin.reshape``) and a tensor object each run."""
-    from tvm import s_tir, tirx
+    from tvm import tirx
 
     params, decls = list(func.params), []
     for i, shape in sorted(shapes.items()):
@@ -149,9 +150,17 @@ def view_params(func, shapes: dict):
         params[i] = new
     if not decls:
         return func
+    return open_with(func, params, decls)
+
+
+def open_with(func, params, decls):
+    """``func`` taking ``params``, its body opened by the statements ``decls`` (buffer
+    declarations over the new parameters). In a function of blocks they open the root
+    block's body, where Relax's passes (op-pattern analysis) look for the block."""
+    from tvm import s_tir, tirx
+
     realize = func.body
-    if isinstance(realize, s_tir.SBlockRealize):  # the views open the root block's body
-        # (Relax passes read a PrimFunc's root block)
+    if isinstance(realize, s_tir.SBlockRealize):
         return _with_root(func, params, realize,
                           body=tirx.SeqStmt([*decls, realize.block.body]))
     return tirx.PrimFunc(params, tirx.SeqStmt([*decls, func.body]), ret_type=func.ret_type,

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import targets
+from . import call_sequence, targets
 from . import threads as pool
 from .export import export_aarch64
 from .portable import SELECTOR, level_name
@@ -145,10 +145,13 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 kernels[gv.name_hint] = (str(op), str(attrs["tvm_armq.kernel"]))
     if threads == 1:
         mod = pool.run_serially(mod)
+    if exec_mode == "compiled" and variants is None:  # (call_sequence.py)
+        mod = call_sequence.as_one_function(mod, tgt)
     if threads is not None:
         mod = pool.configure_pool(mod, threads, cores)
-    executable = tvm.relax.build(mod, tgt, relax_pipeline=hooks.stock_pipeline(),
-                                 exec_mode=exec_mode)
+    relax_pipeline = tvm.transform.Sequential([hooks.stock_pipeline(),
+                                               call_sequence.keep_internal()])
+    executable = tvm.relax.build(mod, tgt, relax_pipeline=relax_pipeline, exec_mode=exec_mode)
     if variants is not None:
         variants.link(executable)
     return executable

@@ -44,12 +44,13 @@ def install() -> None:
     import tvm
     from tvm.relax import pipeline
 
-    from . import frontend
+    from . import call_sequence, frontend
     from .intrinsics import indirect
     from .targets import portable_levels
 
     frontend.extend()
     indirect.install()
+    call_sequence.install()
     original = pipeline.PIPELINE_MAP["default"]
     if hasattr(original, _MARK):
         return

@@ -1,0 +1,360 @@
+"""A model's kernel calls as one library function (``as_one_function``).
+
+After tvm_armq's pass a model's ``main`` is a straight list of kernel calls (``call_tir``),
+with at most a reshape between two of them. The Relax VM runs each call as: allocate a
+storage and a tensor object for its output, pack the arguments, enter the kernel's packed
+entry, which checks every tensor's rank, shape, dtype and alignment, and free the objects
+after the last use. On a small model that is most of a run: two_in_two_out at dotprod
+(armperf 3) spent 1.7e4 of its 3.3e4 est. cycles in the runtime, libc and the entries.
+
+``as_one_function`` makes that list one PrimFunc, ``tvm_armq_model``, and ``main`` one
+call of it:
+
+- each kernel becomes an internal function taking raw pointers (its buffers declared over
+  them), called directly, so its checks run once, at ``tvm_armq_model``'s entry, for the
+  model's inputs, weights and outputs;
+- the tensors between kernels live at fixed offsets of one arena (allocated once a run from
+  the runtime's workspace pool), planned here from their lifetimes: two tensors share bytes
+  only where neither is live while the other is, and a kernel's output never shares its
+  inputs' bytes;
+- a reshape is the same bytes under another shape: the same pointer;
+- the model's outputs are written in place by the kernels that make them.
+
+A ``main`` of any other form (a control flow, a call that is not a kernel's, a symbolic
+shape, an output that is an input or a weight) is returned as it is: the VM runs it call
+by call, which is correct, only slower. The bytecode VM's per-call hook (``estimate``'s
+per-layer table) needs the calls apart, so ``compile_tflite`` merges only in compiled mode.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+FUNC_NAME = "tvm_armq_model"
+# Offsets in the arena are multiples of this: the kernels are compiled assuming their
+# buffers start 64-byte aligned (TVM's kAllocAlignment), as the VM's own storages do.
+ALIGN = 64
+INTERNAL = "tvm_armq.internal"   # attribute of a kernel called only by tvm_armq_model
+_KDLCPU = 1                      # DLPack's kDLCPU
+_WRAPPED = "_tvm_armq_on_cpu"
+
+
+class NotASequence(Exception):
+    """``main`` is not a plain sequence of kernel calls (says why)."""
+
+
+@dataclass
+class _Tensor:
+    """A tensor a kernel writes: its bytes, where they live, and when they are live."""
+    nbytes: int
+    first: int                  # the step that writes it
+    last: int                   # the last step that reads it (itself if none does)
+    output: int | None = None   # which model output it is
+    offset: int | None = None   # its place in the arena (not an output)
+
+
+@dataclass
+class _Plan:
+    """What ``tvm_armq_model`` does, in the order main did it."""
+    inputs: list = field(default_factory=list)     # main's params: (var, shape, dtype)
+    consts: list = field(default_factory=list)     # relax.Constant, in first-use order
+    tensors: list = field(default_factory=list)    # _Tensor, by id
+    steps: list = field(default_factory=list)      # (kernel GlobalVar, [ref], tensor id)
+    outputs: list = field(default_factory=list)    # tensor id per model output
+    out_types: list = field(default_factory=list)  # (shape, dtype) per model output
+    tuple_out: bool = False
+
+
+def _static(ty, what):
+    from tvm import relax
+
+    if not isinstance(ty, relax.TensorType) or ty.shape is None:
+        raise NotASequence(f"{what} is not a tensor of known shape")
+    try:
+        shape = tuple(int(d) for d in ty.shape.values)
+    except (TypeError, AttributeError):
+        raise NotASequence(f"{what} has a symbolic shape") from None
+    return shape, str(ty.dtype)
+
+
+def _nbytes(shape, dtype):
+    import tvm
+
+    bits = tvm.DataType(dtype).bits * tvm.DataType(dtype).lanes
+    return int(np.prod(shape, dtype=np.int64)) * bits // 8
+
+
+def _plan(mod) -> _Plan:
+    """Read ``main`` into a plan, or raise ``NotASequence``."""
+    from tvm import ir, relax, tirx
+
+    main = mod["main"]
+    body = main.body
+    if len(body.blocks) != 1 or not isinstance(body.blocks[0], relax.DataflowBlock):
+        raise NotASequence("main is not one dataflow block")
+    plan = _Plan()
+    refs = {}  # relax Var -> ("input", i) | ("const", i) | ("tensor", id)
+    for i, p in enumerate(main.params):
+        shape, dtype = _static(p.ty, f"input {p.name}")
+        plan.inputs.append((p, shape, dtype))
+        refs[p] = ("input", i)
+    const_ids = {}
+
+    def ref_of(arg, step):
+        if isinstance(arg, ir.Constant):
+            if arg not in const_ids:
+                const_ids[arg] = len(plan.consts)
+                plan.consts.append(arg)
+            return ("const", const_ids[arg])
+        if arg not in refs:
+            raise NotASequence(f"an argument of step {step} is not a tensor main made")
+        ref = refs[arg]
+        if ref[0] == "tensor":
+            plan.tensors[ref[1]].last = step
+        return ref
+
+    tuple_out = None
+    for binding in body.blocks[0].bindings:
+        if not isinstance(binding, relax.VarBinding):
+            raise NotASequence("a binding is a match_cast")
+        value = binding.value
+        if isinstance(value, relax.Tuple):
+            tuple_out = (binding.var, value)
+            continue
+        if isinstance(value, relax.Var) and value in refs:  # another name of a tensor
+            refs[binding.var] = refs[value]
+            continue
+        if not isinstance(value, relax.Call) or not hasattr(value.op, "name"):
+            raise NotASequence(f"{binding.var.name} is not an operator call")
+        if value.op.name == "relax.reshape":  # the same bytes under another shape
+            src = value.args[0]
+            if src not in refs:
+                raise NotASequence(f"{binding.var.name} reshapes a tensor main did not make")
+            refs[binding.var] = refs[src]
+            continue
+        if value.op.name != "relax.call_tir" or len(value.args) != 2:
+            raise NotASequence(f"{binding.var.name} is {value.op.name}, not a kernel call")
+        func = mod[value.args[0]]
+        if not isinstance(func, tirx.PrimFunc):
+            raise NotASequence(f"{binding.var.name} calls a function that is not TIR")
+        step = len(plan.steps)
+        args = [ref_of(a, step) for a in value.args[1].fields]
+        shape, dtype = _static(binding.var.ty, binding.var.name)
+        if len(func.params) != len(args) + 1:
+            raise NotASequence(f"{binding.var.name}: the kernel does not take its "
+                               "arguments and one output")
+        for p in func.params:
+            if not (isinstance(p.ty, tirx.BufferType) and _compact(p)):
+                raise NotASequence(f"{binding.var.name}: a kernel parameter is not a "
+                                   "compact buffer")
+        refs[binding.var] = ("tensor", len(plan.tensors))
+        plan.tensors.append(_Tensor(_nbytes(shape, dtype), step, step))
+        plan.steps.append((value.args[0], args, len(plan.tensors) - 1))
+
+    result = body.body
+    if tuple_out is not None:
+        if not result.same_as(tuple_out[0]):
+            raise NotASequence("a tuple is made that main does not return")
+        results, plan.tuple_out = list(tuple_out[1].fields), True
+    else:
+        results = [result]
+    for k, r in enumerate(results):
+        ref = refs.get(r)
+        if ref is None or ref[0] != "tensor" or plan.tensors[ref[1]].output is not None:
+            raise NotASequence(f"output {k} is not a tensor of its own made by a kernel")
+        plan.tensors[ref[1]].output = k
+        plan.outputs.append(ref[1])
+        plan.out_types.append(_static(r.ty, f"output {k}"))
+    if not plan.steps:
+        raise NotASequence("main calls no kernel")
+    return plan
+
+
+def _compact(buf) -> bool:
+    """A row-major buffer starting at its data pointer (what a raw pointer can stand for)."""
+    offset = buf.elem_offset
+    return (not buf.strides) and (offset is None or (hasattr(offset, "value")
+                                                     and int(offset.value) == 0))
+
+
+def place(tensors) -> int:
+    """Give each non-output tensor an arena offset; returns the arena's size in bytes.
+
+    Largest first, each at the lowest aligned offset that no tensor live at the same time
+    (their step ranges overlap, ends included) already covers."""
+    placed = []
+    order = sorted((t for t in tensors if t.output is None), key=lambda t: -t.nbytes)
+    for t in order:
+        size = _slot(t)
+        busy = sorted((p.offset, p.offset + _slot(p)) for p in placed
+                      if p.first <= t.last and t.first <= p.last)
+        offset = 0
+        for lo, hi in busy:
+            if offset + size <= lo:
+                break
+            offset = max(offset, hi)
+        t.offset = offset
+        placed.append(t)
+    return max((p.offset + _slot(p) for p in placed), default=0)
+
+
+def _slot(t) -> int:
+    return -(-t.nbytes // ALIGN) * ALIGN
+
+
+def internal(func):
+    """``func`` as an internal function of raw pointers: each parameter buffer declared
+    over a handle parameter of the same name (inside the root block, where Relax's passes
+    look for it), and no global symbol, so a TIR caller calls it directly instead of
+    through its packed entry."""
+    from tvm import tirx
+
+    from .schedules.tir_util import open_with
+
+    params, decls = [], []
+    for buf in func.params:
+        handle = tirx.Var(f"{buf.name}_ptr", "handle")
+        decls.append(tirx.DeclBuffer(buf, data=handle))
+        params.append(handle)
+    new = open_with(func, params, decls)
+    new = new.without_attr("global_symbol") if "global_symbol" in (new.attrs or {}) else new
+    return new.with_attr(INTERNAL, True)
+
+
+def on_cpu():
+    """A TIR pass for after ``MakePackedAPI``: each internal kernel's body inside the
+    ``device_type`` / ``device_id`` attributes of the CPU.
+
+    ``MakePackedAPI`` puts these around the body of a function it gives a packed entry, from
+    its tensor arguments; ``LowerTVMBuiltin`` reads them to allocate a kernel's packing
+    buffers from the workspace pool of that device. An internal kernel has no entry and so
+    no such attributes; every tvm_armq kernel runs on the CPU (device 0) that runs it."""
+    import tvm
+    from tvm import ir, tirx
+
+    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvm_armq.internal_on_cpu")
+    def run(func, _mod, _ctx):
+        if not (func.attrs and INTERNAL in func.attrs):
+            return func
+        body = tirx.AttrStmt(ir.StringImm("default"), "device_id", tirx.const(0, "int32"),
+                             func.body)
+        body = tirx.AttrStmt(ir.StringImm("default"), "device_type",
+                             tirx.const(_KDLCPU, "int32"), body)
+        # it returns 0, or -1 where a workspace allocation inside it failed (the error
+        # set). The return comes after the attributes' scope, which is where
+        # LowerTVMBuiltin frees the workspace the body allocated.
+        body = tirx.SeqStmt([body, tirx.Return(tirx.const(0, "int32"))])
+        return tirx.PrimFunc(func.params, body, ret_type=ir.PrimType("int32"),
+                             attrs=func.attrs)
+
+    return run
+
+
+def keep_internal():
+    """A module pass for the end of the Relax pipeline: its last pass
+    (``AttachGlobalSymbol``) names every function of the module as a symbol of the library,
+    which would give each internal kernel a packed entry again (and make
+    ``tvm_armq_model``'s direct calls packed ones). This takes the names back."""
+    import tvm
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_armq.keep_internal")
+    def run(mod, _ctx):
+        for gv, func in list(mod.functions.items()):
+            attrs = func.attrs or {}
+            if INTERNAL in attrs and "global_symbol" in attrs:
+                mod[gv] = func.without_attr("global_symbol")
+        return mod
+
+    return run
+
+
+def install() -> None:
+    """Put ``on_cpu`` at the end of TVM's TIR lowering pipelines (idempotent)."""
+    import tvm
+    from tvm.tirx import compilation_pipeline as pipelines
+
+    for name in ("default", "s_tir"):
+        factory = pipelines.PIPELINE_MAP.get(name)
+        if factory is None or hasattr(factory, _WRAPPED):
+            continue
+
+        def wrapped(*args, _factory=factory, **kwargs):
+            pipeline, finalize_host, finalize_device = _factory(*args, **kwargs)
+            return (tvm.transform.Sequential([pipeline, on_cpu()]), finalize_host,
+                    finalize_device)
+
+        setattr(wrapped, _WRAPPED, True)
+        pipelines.PIPELINE_MAP[name] = wrapped
+
+
+def _model_func(plan: _Plan, arena_bytes: int):
+    """``tvm_armq_model(inputs..., weights..., outputs...)``: the steps as direct calls."""
+    import tvm
+    from tvm import ir, tirx
+
+    inputs = [tirx.decl_buffer(shape, dtype, f"in{i}")
+              for i, (_, shape, dtype) in enumerate(plan.inputs)]
+    consts = [tirx.decl_buffer(*_static(c.ty, "a weight"), f"w{i}")
+              for i, c in enumerate(plan.consts)]
+    outputs = [tirx.decl_buffer(shape, dtype, f"out{k}")
+               for k, (shape, dtype) in enumerate(plan.out_types)]
+    arena = tirx.decl_buffer((max(arena_bytes, 1),), "uint8", "arena")
+
+    def pointer(ref):
+        kind, i = ref
+        if kind == "input":
+            return inputs[i].data
+        if kind == "const":
+            return consts[i].data
+        t = plan.tensors[i]
+        if t.output is not None:
+            return outputs[t.output].data
+        # an access pointer with its extent: TVM's buffer passes size the arena from the
+        # regions its pointers cover (a bare address_of covers one byte)
+        return arena.access_ptr("rw", offset=t.offset, extent=t.nbytes)
+
+    # a kernel returns nonzero where it failed, its error already set
+    # (the FFI constructor takes the condition first, whatever the Python signature says)
+    calls = [tirx.AssertStmt(
+        tvm.ir.Call(gv, [pointer(r) for r in args] + [pointer(("tensor", out))],
+                    ret_ty="int32") == 0,
+        ir.StringImm("RuntimeError"),
+        [ir.StringImm(f"{gv.name_hint} failed")]) for gv, args, out in plan.steps]
+    stmts = [tirx.AllocBuffer(arena), *calls] if arena_bytes else calls
+    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]
+    return tirx.PrimFunc([*inputs, *consts, *outputs], body).with_attrs(
+        {"global_symbol": FUNC_NAME, "tirx.noalias": True})
+
+
+def as_one_function(mod, target):
+    """``mod`` with ``main`` one call of ``tvm_armq_model`` (module docstring), or ``mod``
+    unchanged where ``main`` is not a plain sequence of kernel calls. It legalizes what
+    operators are left (as TVM's pipeline would next) so that every one is a
+    ``call_tir`` or a reshape; the VM's memory passes come after it."""
+    from tvm import ir, relax
+
+    with target:
+        mod = relax.transform.LegalizeOps()(mod)
+        mod = relax.transform.RewriteDataflowReshape()(mod)
+    try:
+        plan = _plan(mod)
+    except NotASequence:
+        return mod
+    arena_bytes = place(plan.tensors)
+    builder = relax.BlockBuilder(mod)
+    for gv in {gv for gv, _, _ in plan.steps}:
+        builder.update_func(gv, internal(mod[gv]))
+    model_gv = builder.add_func(_model_func(plan, arena_bytes), FUNC_NAME)
+    out = builder.get()
+    main = mod["main"]
+    types = [relax.TensorType(shape, dtype) for shape, dtype in plan.out_types]
+    call = relax.op.call_tir(model_gv, [p for p, _, _ in plan.inputs] + plan.consts,
+                             types if plan.tuple_out else types[0])
+    ret = relax.TupleType(types) if plan.tuple_out else types[0]
+    var = relax.Var("outputs", ret)
+    body = relax.SeqExpr([relax.DataflowBlock([relax.VarBinding(var, call)])], var)
+    out["main"] = relax.Function(main.params, body, main.ret_ty, is_pure=main.is_pure,
+                                 attrs=main.attrs)
+    return out
