@@ -169,18 +169,27 @@ _WRAPPED = "_tvm_armq_indirect"
 def install() -> None:
     """Put ``lower_pass`` in front of TVM's TIR lowering pipelines ("default", "s_tir"),
     so any build of a func with marked blocks lowers them first (idempotent)."""
+    wrap_tir_pipelines(_WRAPPED, before=[lower_pass])
+
+
+def wrap_tir_pipelines(mark: str, *, before=(), after=()) -> None:
+    """Run the passes the factories ``before`` make in front of TVM's TIR lowering
+    pipelines ("default", "s_tir") and those of ``after`` at their end (before the host's
+    finalizing passes), once per ``mark``: a pipeline already carrying it is left alone."""
     import tvm
     from tvm.tirx import compilation_pipeline as pipelines
 
     for name in ("default", "s_tir"):
         factory = pipelines.PIPELINE_MAP.get(name)
-        if factory is None or hasattr(factory, _WRAPPED):
+        if factory is None or hasattr(factory, mark):
             continue
 
         def wrapped(*args, _factory=factory, **kwargs):
             pipeline, finalize_host, finalize_device = _factory(*args, **kwargs)
-            return (tvm.transform.Sequential([lower_pass(), pipeline]), finalize_host,
-                    finalize_device)
+            passes = [make() for make in before] + [pipeline] + [make() for make in after]
+            return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
-        setattr(wrapped, _WRAPPED, True)
+        for attr in [a for a in dir(factory) if a.startswith("_tvm_armq_")]:
+            setattr(wrapped, attr, True)  # the marks of the wrappers it wraps
+        setattr(wrapped, mark, True)
         pipelines.PIPELINE_MAP[name] = wrapped

@@ -288,21 +288,9 @@ def keep_internal():
 
 def install() -> None:
     """Put ``on_cpu`` at the end of TVM's TIR lowering pipelines (idempotent)."""
-    import tvm
-    from tvm.tirx import compilation_pipeline as pipelines
+    from .intrinsics.indirect import wrap_tir_pipelines
 
-    for name in ("default", "s_tir"):
-        factory = pipelines.PIPELINE_MAP.get(name)
-        if factory is None or hasattr(factory, _WRAPPED):
-            continue
-
-        def wrapped(*args, _factory=factory, **kwargs):
-            pipeline, finalize_host, finalize_device = _factory(*args, **kwargs)
-            return (tvm.transform.Sequential([pipeline, on_cpu()]), finalize_host,
-                    finalize_device)
-
-        setattr(wrapped, _WRAPPED, True)
-        pipelines.PIPELINE_MAP[name] = wrapped
+    wrap_tir_pipelines(_WRAPPED, after=[on_cpu])
 
 
 def _model_func(plan: _Plan, arena_bytes: int):
