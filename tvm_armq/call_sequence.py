@@ -74,7 +74,6 @@ class _Plan:
     consts: list = field(default_factory=list)     # relax.Constant, in first-use order
     tensors: list = field(default_factory=list)    # _Tensor, by id
     steps: list = field(default_factory=list)      # (kernel GlobalVar, [ref], tensor id)
-    outputs: list = field(default_factory=list)    # tensor id per model output
     out_types: list = field(default_factory=list)  # (shape, dtype) per model output
     tuple_out: bool = False
 
@@ -181,7 +180,6 @@ def _plan(mod) -> _Plan:
         if ref is None or ref[0] != "tensor" or plan.tensors[ref[1]].output is not None:
             raise NotASequence(f"output {k} is not a tensor of its own made by a kernel")
         plan.tensors[ref[1]].output = k
-        plan.outputs.append(ref[1])
         plan.out_types.append(_static(r.ty, f"output {k}"))
     if not plan.steps:
         raise NotASequence("main calls no kernel")
@@ -217,6 +215,7 @@ def place(tensors) -> int:
 
 
 def _slot(t) -> int:
+    """The bytes a tensor takes in the arena: its own, up to the next aligned offset."""
     return -(-t.nbytes // ALIGN) * ALIGN
 
 
