@@ -163,7 +163,8 @@ def lower_pass():
     return run
 
 
-_WRAPPED = "_tvm_armq_indirect"
+_MARK_PREFIX = "_tvm_armq_"    # of the attributes that mark a wrapped TIR pipeline
+_WRAPPED = _MARK_PREFIX + "indirect"
 
 
 def install() -> None:
@@ -175,8 +176,12 @@ def install() -> None:
 def wrap_tir_pipelines(mark: str, *, before=(), after=()) -> None:
     """Run the passes the factories ``before`` make in front of TVM's TIR lowering
     pipelines ("default", "s_tir") and those of ``after`` at their end (before the host's
-    finalizing passes), once per ``mark``: a pipeline already carrying it is left alone."""
+    finalizing passes), once per ``mark``: a pipeline already carrying it is left alone.
+    Marks start with ``_MARK_PREFIX``; a wrapper carries the marks of the pipeline it wraps,
+    so wrapping twice under the same mark stays a no-op whatever was wrapped in between."""
     import tvm
+
+    assert mark.startswith(_MARK_PREFIX), mark
     from tvm.tirx import compilation_pipeline as pipelines
 
     for name in ("default", "s_tir"):
@@ -189,7 +194,7 @@ def wrap_tir_pipelines(mark: str, *, before=(), after=()) -> None:
             passes = [make() for make in before] + [pipeline] + [make() for make in after]
             return tvm.transform.Sequential(passes), finalize_host, finalize_device
 
-        for attr in [a for a in dir(factory) if a.startswith("_tvm_armq_")]:
-            setattr(wrapped, attr, True)  # the marks of the wrappers it wraps
+        for attr in [a for a in dir(factory) if a.startswith(_MARK_PREFIX)]:
+            setattr(wrapped, attr, True)
         setattr(wrapped, mark, True)
         pipelines.PIPELINE_MAP[name] = wrapped

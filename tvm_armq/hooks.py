@@ -5,8 +5,9 @@ TVM 0.27 compiles a Relax module for a CPU target with the pipeline registered a
 call). ``install()`` wraps that entry: for an aarch64 LLVM target the wrapped pipeline
 first runs ``integrate.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
 tvm_armq kernel calls, the weights re-laid as constants), makes the kernel calls one
-function (``call_sequence``) and then runs TVM's own pipeline, unchanged. For any other target it is TVM's pipeline and nothing else, so x86, CUDA or
-a C-source build compile exactly as they would without tvm_armq.
+function (``call_sequence``) and then runs TVM's own pipeline, unchanged. For any other
+target it is TVM's pipeline and nothing else, so x86, CUDA or a C-source build compile
+exactly as they would without tvm_armq.
 
 ``install()`` also extends TVM's TFLite frontend (``frontend.py``): quantized ops that
 only move int8 bytes (PAD, SHAPE, STRIDED_SLICE, ...) import, a RESHAPE to a computed
