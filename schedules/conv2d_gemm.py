@@ -27,7 +27,7 @@ packed B, with its own epilogue; the two outputs are one buffer once scheduled.
 
 Asymmetric weights (uint8 models with a weight zero point) add a row-sums kernel
 (``conv2d_u8.py``); float models run the same GEMM in bf16 (``conv2d_bf16.py``);
-TRANSPOSE_CONV inserts zeros and runs it (``transpose_conv.py``).
+TRANSPOSE_CONV runs it once per output phase (``transpose_conv.py``).
 """
 
 from __future__ import annotations

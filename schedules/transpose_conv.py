@@ -1,4 +1,4 @@
-"""Quantized TRANSPOSE_CONV as a zero-insertion kernel followed by the GEMM convolution.
+"""Quantized TRANSPOSE_CONV as one small convolution per output phase, then a pixel shuffle.
 
 Read this first. TFLite's reference TRANSPOSE_CONV scatters: every input pixel
 ``(iy, ix)`` adds ``(x - zp_in) * w[oc, ky, kx, ic]`` into the int32 output accumulator
@@ -6,25 +6,36 @@ at ``(iy * s - pad_top + ky, ix * s - pad_left + kx)``, for every kernel tap tha
 inside the output; then it adds the bias and requantizes each output channel as CONV_2D
 does (``MultiplyByQuantizedMultiplier``, double rounding, per-channel multipliers).
 
-The same sums, read from the output's side, are a stride-1 convolution (a gather):
+Read from the output's side, one axis at a time (rows here; columns alike, with their own
+stride and padding): output row ``o`` receives tap ``k`` from input row ``(o + pad - k) / s``
+when that is a whole number. So the rows of one *phase* ``c = o mod s`` share their taps:
 
-    P  = the input with s - 1 pixels of zero point inserted between neighbours (rows and
-         columns), ``kh - 1 - pad_top`` rows of zero point before it and enough after it
-         for the output's size (same for columns)
-    out[oy, ox] = sum over taps of (P[oy + t, ox + u] - zp_in) * w[kh-1-t, kw-1-u]
+    r = (c + pad) mod s, m = (c + pad) // s
+    taps  k = r + s * j  (j = 0 .. J - 1, every k < kh)
+    o = s * q + c reads input row q + m - j with tap r + s * j
 
-A zero-point pixel contributes nothing after the zero point is subtracted, so the
-integer accumulators are TFLite's exactly, whatever the order of the additions (int32
-sums do not round). The kernel is flipped in H and W and laid out HWIO at compile time
-(``flipped_hwio``); ``zero_insert_func`` builds P; ``schedules.conv2d_gemm`` then runs
-the VALID stride-1 convolution on the target's GEMM micro-kernel, with the requantization
-fused in its epilogue, as for any CONV_2D.
+which is an ordinary stride-1 convolution over the input with the phase's taps, last
+first, as its kernel, ``J - 1 - m`` rows of zero point before the input and as many after
+as the phase's output rows need (``AxisPhase``). A stride-(sh, sw) layer is sh * sw such
+convolutions (``phases``), each run by ``schedules.conv2d_gemm`` on the target's GEMM with
+the requantization in its epilogue, as for any CONV_2D; ``pixel_shuffle_func`` then copies
+each phase's pixels to their rows and columns of the output. Every output pixel's int32
+sum has exactly the terms of TFLite's scatter (a zero-point row contributes nothing once the
+zero point is subtracted; int32 sums do not round, whatever their order), and its
+requantization is the layer's own per output channel: the result is TFLite's to the bit.
 
-Rows TFLite's output has beyond the scatter's reach (an ``output_shape`` up to one stride
-past it) get the bias only; here they are rows of zero point in P, so the same.
+Two edge cases keep the convolutions plain:
+- A phase whose first output row would read before the padded input (``m > J - 1``: a
+  padding as large as the kernel) pads nothing and skips the convolution's first rows
+  (``AxisPhase.skip``); one whose convolution would give more rows than the phase has
+  ignores the rest. TFLite's ``output_shape`` may add a row past the scatter's reach or
+  drop one; both come out here.
+- A phase no tap reaches (a kernel smaller than the stride: a 1x1 stride-2 layer) is the
+  bias alone, requantized once at compile time (``bias_only``).
 
-Cost: for stride s, all but 1/s**2 of P's pixels are zero points, and the GEMM multiplies
-them anyway; a sub-pixel split (one convolution per output phase) would skip them.
+Cost: the convolutions multiply only taps that land. A 3x3 stride-2 layer does 9 / 4 tap
+products per output pixel on average; the stride-1 convolution of a zero-inserted input,
+which this replaces, did 9, three quarters of them on zero points.
 """
 
 from __future__ import annotations
@@ -37,8 +48,76 @@ from .window import transpose_conv_padding
 
 
 @dataclasses.dataclass(frozen=True)
+class AxisPhase:
+    """Output rows (or columns) ``phase + stride * q`` for ``q < count`` of one axis, as a
+    stride-1 convolution over the input: kernel rows ``taps`` in the convolution's order
+    (TFLite's kernel rows), the input padded by ``pad_before`` / ``pad_after`` rows of zero
+    point, its output ``conv_size`` rows of which row ``skip + q`` is the phase's row q."""
+
+    phase: int
+    count: int
+    taps: tuple[int, ...]
+    pad_before: int
+    pad_after: int
+    skip: int
+    conv_size: int
+
+
+def axis_phases(in_size: int, out_size: int, kernel: int, stride: int,
+                pad: int) -> list[AxisPhase]:
+    """The phases of one axis of a TRANSPOSE_CONV (``pad``: TFLite's padding before the
+    first output row); a phase with no output row is left out, one with no tap has
+    ``taps == ()`` and no convolution (``conv_size`` 0)."""
+    phases = []
+    for c in range(stride):
+        count = (out_size - c + stride - 1) // stride
+        if count < 1:
+            continue
+        r, m = (c + pad) % stride, (c + pad) // stride
+        n_taps = max(0, (kernel - r + stride - 1) // stride)
+        if n_taps == 0:
+            phases.append(AxisPhase(c, count, (), 0, 0, 0, 0))
+            continue
+        taps = tuple(r + stride * j for j in reversed(range(n_taps)))
+        before = n_taps - 1 - m                     # may be negative: skip rows instead
+        after = count + n_taps - 1 - before - in_size   # may be negative: rows left unread
+        pb, pa = max(before, 0), max(after, 0)
+        phases.append(AxisPhase(c, count, taps, pb, pa, max(-before, 0),
+                                in_size + pb + pa - n_taps + 1))
+    return phases
+
+
+@dataclasses.dataclass(frozen=True)
+class Phase:
+    """One output phase of a TRANSPOSE_CONV: its rows and its columns."""
+
+    rows: AxisPhase
+    cols: AxisPhase
+
+    @property
+    def has_taps(self) -> bool:
+        return bool(self.rows.taps and self.cols.taps)
+
+    @property
+    def padding(self) -> tuple[int, int, int, int]:
+        """The convolution's padding, (top, left, bottom, right)."""
+        return (self.rows.pad_before, self.cols.pad_before, self.rows.pad_after,
+                self.cols.pad_after)
+
+    @property
+    def conv_hw(self) -> tuple[int, int]:
+        """The convolution's output height and width."""
+        return self.rows.conv_size, self.cols.conv_size
+
+    def weights_hwio(self, w_ohwi: np.ndarray) -> np.ndarray:
+        """The convolution's HWIO kernel out of TFLite's [out_c, kh, kw, in_c] weights."""
+        taps = w_ohwi[:, list(self.rows.taps)][:, :, list(self.cols.taps)]
+        return np.ascontiguousarray(taps.transpose(1, 2, 3, 0))
+
+
+@dataclasses.dataclass(frozen=True)
 class TransposeConvGeometry:
-    """Where the input lands in the zero-inserted, padded input P (NHWC)."""
+    """A TRANSPOSE_CONV's sizes, strides and TFLite's padding before the output (NHWC)."""
 
     in_h: int
     in_w: int
@@ -57,64 +136,97 @@ class TransposeConvGeometry:
                 for o, k, s in zip(out_hw, kernel_hw, strides)]
         return cls(*in_hw, *out_hw, *kernel_hw, tuple(strides), *pads)
 
-    @property
-    def offset(self) -> tuple[int, int]:
-        """P's row and column of the input's first pixel (``k - 1 - pad``; never negative:
-        TFLite's padding is below half the kernel)."""
-        off = (self.kh - 1 - self.pad_top, self.kw - 1 - self.pad_left)
-        if min(off) < 0:
-            raise ValueError(f"TRANSPOSE_CONV: padding ({self.pad_top}, {self.pad_left}) "
-                             f"reaches past a {self.kh}x{self.kw} kernel")
-        return off
-
-    @property
-    def padded_hw(self) -> tuple[int, int]:
-        """P's height and width: the VALID stride-1 convolution of P gives the output."""
-        return self.out_h + self.kh - 1, self.out_w + self.kw - 1
+    def phases(self) -> list[Phase]:
+        """Every output phase, row phase major (the order of ``pixel_shuffle_func``'s
+        inputs)."""
+        rows = axis_phases(self.in_h, self.out_h, self.kh, self.strides[0], self.pad_top)
+        cols = axis_phases(self.in_w, self.out_w, self.kw, self.strides[1], self.pad_left)
+        return [Phase(r, c) for r in rows for c in cols]
 
 
-def flipped_hwio(w_ohwi: np.ndarray) -> np.ndarray:
-    """TFLite's TRANSPOSE_CONV weights [out_c, kh, kw, in_c] as the HWIO weights of the
-    equivalent convolution: taps flipped in H and W."""
-    return np.ascontiguousarray(w_ohwi.transpose(1, 2, 3, 0)[::-1, ::-1])
+def phase_accumulators(x: np.ndarray, w_ohwi: np.ndarray, bias, geom: TransposeConvGeometry,
+                       zp: int) -> np.ndarray:
+    """The layer's int32 accumulators the way the kernels get them: each phase's
+    convolution (``reference.conv2d_nhwc``), its rows and columns shuffled into place, and
+    the bias alone where no tap lands. The reference for the phase split, held to TFLite's
+    scatter (``reference.transpose_conv_nhwc``) in tests/test_transpose_conv.py."""
+    from .reference import conv2d_nhwc
 
-
-def zero_insert(x: np.ndarray, geom: TransposeConvGeometry, zp: int) -> np.ndarray:
-    """P in NumPy (the reference for ``zero_insert_func``)."""
-    n, _, _, c = x.shape
-    (oy, ox), (ph, pw) = geom.offset, geom.padded_hw
     sh, sw = geom.strides
-    p = np.full((n, ph, pw, c), zp, x.dtype)
-    rows = oy + sh * np.arange(geom.in_h)
-    cols = ox + sw * np.arange(geom.in_w)
-    keep_r, keep_c = rows < ph, cols < pw  # input pixels whose taps all fall past the output
-    p[:, rows[keep_r][:, None], cols[keep_c][None, :], :] = x[:, keep_r][:, :, keep_c]
-    return p
+    acc = np.empty((x.shape[0], geom.out_h, geom.out_w, w_ohwi.shape[0]), np.int32)
+    for ph in geom.phases():
+        r, c = ph.rows, ph.cols
+        if ph.has_taps:
+            conv = conv2d_nhwc(x, ph.weights_hwio(w_ohwi), bias, in_zp=zp, padding=ph.padding)
+            part = conv[:, r.skip:r.skip + r.count, c.skip:c.skip + c.count]
+        else:
+            part = np.asarray(bias, np.int32)
+        acc[:, r.phase::sh, c.phase::sw] = part
+    return acc
 
 
-def zero_insert_func(in_shape, geom: TransposeConvGeometry, zp: int, dtype: str = "int8", *,
-                     schedule: bool = True):
-    """P as a PrimFunc ``(x, p)``: each pixel of P is an input pixel or the zero point,
-    decided by its row and column alone; the channel axis is the vector axis."""
-    from tvm import te, tirx
+def bias_only(bias, mult, shift, out_zp: int, act_range) -> np.ndarray:
+    """The int8 output of a pixel no tap reaches: the bias requantized per channel (the
+    kernels' double rounding, TFLite's CONV_2D requantization)."""
+    from .reference import requantize
 
-    from .int8_ops import finish_func, elementwise_schedule
+    return requantize(np.asarray(bias, np.int32)[None], mult, shift, out_zp, *act_range,
+                      "int8")[0]
 
-    n, h, w, c = in_shape
-    (oy, ox), (ph, pw) = geom.offset, geom.padded_hw
-    sh, sw = geom.strides
-    x = te.placeholder((n, h, w, c), dtype, "x")
 
-    def on_grid(i, offset, stride, size):
-        d = i - offset
-        return tirx.all(d >= 0, tirx.floormod(d, stride) == 0,
-                        tirx.floordiv(d, stride) < size)
+def pixel_shuffle_func(batch: int, phases, out_hw, channels: int, strides,
+                       dtype: str = "int8"):
+    """The phases' outputs in place, as a PrimFunc ``(p0, p1, ..., c0, c1, ..., out)``:
+    one input [batch, *conv_hw, channels] per phase with taps (its convolution's output, in
+    ``phases``' order), then one [channels] vector per phase without (``bias_only``), then
+    the output [batch, *out_hw, channels]. Per phase, one loop over its rows (parallel)
+    and columns copies each pixel's channels in 16-byte vectors and one narrower vector
+    for the rest."""
+    from tvm.script import tirx as T
+    from tvm.script.ir_builder import IRBuilder
+    from tvm.script.ir_builder.tirx import prim_func
 
-    def pixel(b, i, j, ch):
-        inside = tirx.all(on_grid(i, oy, sh, h), on_grid(j, ox, sw, w))
-        src = x[b, tirx.min(tirx.floordiv(tirx.max(i - oy, 0), sh), h - 1),
-                tirx.min(tirx.floordiv(tirx.max(j - ox, 0), sw), w - 1), ch]
-        return tirx.Select(inside, src, tirx.const(zp, dtype))
+    from .int8_ops import LANES
 
-    p = te.compute((n, ph, pw, c), pixel, name="zero_insert")
-    return finish_func((x, p), schedule, elementwise_schedule)
+    vectors, rest = divmod(channels, LANES)
+    with IRBuilder() as ib:
+        with prim_func():
+            T.func_name("pixel_shuffle")
+            T.func_attr({"tirx.noalias": True})
+            convs = [T.arg(f"p{i}", T.buffer((batch, *ph.conv_hw, channels), dtype))
+                     for i, ph in enumerate(p for p in phases if p.has_taps)]
+            consts = [T.arg(f"c{i}", T.buffer((channels,), dtype))
+                      for i, _ in enumerate(p for p in phases if not p.has_taps)]
+            out = T.arg("out", T.buffer((batch, *out_hw, channels), dtype))
+            sources, fills = iter(convs), iter(consts)
+            # one opaque root block around the loops: Relax's analyses of a call_tir's
+            # func (its reshape pattern) read the body as a block
+            with T.sblock("root"):
+                for ph in phases:
+                    _shuffle_phase(T, ph, next(sources) if ph.has_taps else next(fills), out,
+                                   batch, strides, vectors, rest)
+    return ib.get()
+
+
+def _shuffle_phase(T, ph: Phase, src, out, batch: int, strides, vectors: int, rest: int):
+    """The copy of one phase (inside ``pixel_shuffle_func``'s IRBuilder): its rows
+    parallel, each pixel's channels in ``vectors`` 16-byte vectors and one of ``rest``."""
+    from .int8_ops import LANES
+
+    r, c = ph.rows, ph.cols
+    sh, sw = strides
+    loop = T.parallel if batch * r.count > 1 else T.serial
+    with loop(batch * r.count) as bq:
+        b, q = bq // r.count, bq % r.count
+        with T.serial(c.count) as p:
+            def copy(at):
+                value = src[b, r.skip + q, c.skip + p, at] if ph.has_taps else src[at]
+                T.buffer_store(out, value, [b, r.phase + sh * q, c.phase + sw * p, at])
+
+            if vectors:
+                with T.serial(vectors) as v:
+                    with T.vectorized(LANES) as lane:
+                        copy(v * LANES + lane)
+            if rest:
+                with T.vectorized(rest) as lane:
+                    copy(vectors * LANES + lane)

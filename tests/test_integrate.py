@@ -123,9 +123,10 @@ GRAMMAR_MODELS = ("mobilenet_v3_small", "unet", "ssd_head", "ds_cnn", "densenet1
 
 @pytest.mark.parametrize("level", ["neon", "i8mm"])
 def test_every_record_names_its_kernels_in_the_grammar(zoo_model, level):
-    """Every kernel a compile report names (a ``Lowered`` record may chain two: a zero
-    insertion and a GEMM, a copy and a requantization) is spelt in the naming grammar
-    (``intrinsics/names.py``), and a GEMM's is a row of the selection table."""
+    """Every kernel a compile report names (a ``Lowered`` record may chain several: a
+    TRANSPOSE_CONV's GEMMs and its pixel shuffle, a copy and a requantization) is spelt in
+    the naming grammar (``intrinsics/names.py``), and a GEMM's is a row of the selection
+    table."""
     from tvm_armq.intrinsics import kernels, names
 
     seen = set()
@@ -140,7 +141,7 @@ def test_every_record_names_its_kernels_in_the_grammar(zoo_model, level):
                     assert kernel in kernels.KERNELS, kernel
                 seen.add(m["op"])
     assert {"gemm", "depthwise", "lut", "add", "multiply", "concat", "mean", "softmax",
-            "avg_pool", "resize_bilinear", "requantize", "zero_insert"} <= seen, seen
+            "avg_pool", "resize_bilinear", "requantize", "pixel_shuffle"} <= seen, seen
 
 
 def test_kernels_take_and_give_the_model_shapes(zoo_model):

@@ -160,8 +160,8 @@ def _squared_difference(name, a_shape, b_shape, b_const=False, const_first=False
 
 def _transpose_conv(name, in_shape, out_c, k, stride, same, extra=0, act=0):
     """TRANSPOSE_CONV with per-channel int8 weights and an int32 bias; ``extra`` output
-    rows and columns past the usual size (-1 for SAME, up to stride - 1 for VALID: what
-    TFLite accepts). The output scale is fitted to TFLite's accumulators on a random
+    rows and columns past the usual size (down to 1 - stride for SAME, up to stride - 1 for
+    VALID: what TFLite accepts). The output scale is fitted to TFLite's accumulators on a random
     input, so that the outputs spread over the 8-bit range."""
     from test_transpose_conv import transpose_conv_model
 
@@ -287,6 +287,12 @@ CASES = ONE_TENSOR_CASES + [
     _transpose_conv("transpose_conv_1x1_s2_same", (1, 4, 5, 24), 16, 1, 2, True),
     _transpose_conv("transpose_conv_4x4_s2_same_short", (1, 3, 4, 8), 5, 4, 2, True, extra=-1),
     _transpose_conv("transpose_conv_3x3_s2_valid_long", (1, 3, 3, 8), 7, 3, 2, False, extra=1),
+    # one phase: the convolution is the layer; 20 channels: a vector and a rest per pixel
+    _transpose_conv("transpose_conv_3x3_s1_same", (1, 6, 7, 12), 20, 3, 1, True),
+    # kernel 2 < stride 3: every third row and column is the bias alone
+    _transpose_conv("transpose_conv_2x2_s3_valid_long", (1, 3, 4, 8), 6, 2, 3, False, extra=1),
+    # SAME 3x3 stride 3 two rows short: a phase's convolution starts a row early
+    _transpose_conv("transpose_conv_3x3_s3_same_short", (1, 2, 3, 8), 6, 3, 3, True, extra=-2),
     _resize("resize_bilinear_2x", "RESIZE_BILINEAR", (1, 5, 6, 19), (10, 12)),
     _resize("resize_bilinear_align_corners", "RESIZE_BILINEAR", (1, 5, 6, 19), (9, 13), True),
     _resize("resize_bilinear_half_pixel", "RESIZE_BILINEAR", (2, 5, 6, 19), (12, 7),

@@ -27,8 +27,8 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
 
     conv2d, groups = 1 or in_c / groups > 1   -> conv2d_gemm   GEMM micro-kernel of the target
     conv2d, groups = in_c (depthwise)          -> depthwise     NEON widening MACs
-    conv2d_transpose (TRANSPOSE_CONV)          -> transpose_conv zero insertion, then
-                                                 + conv2d_gemm  a stride-1 conv2d_gemm
+    conv2d_transpose (TRANSPOSE_CONV)          -> conv2d_gemm   one stride-1 conv per output
+                                                 + transpose_conv  phase, a pixel shuffle
     matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
     add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
     a constant operand)
@@ -77,10 +77,11 @@ from .tflite_layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
 class _Layer:
     """A quantized conv/dense chain, read back out of the graph."""
 
-    op: str                   # "conv2d" | "depthwise_conv2d" | "dense"
+    op: str                   # "conv2d" | "depthwise_conv2d" | "dense" | "transpose_conv"
     x: object                 # the int8 (or uint8) input variable
     x_q: tuple[float, int]
-    weight: np.ndarray        # conv2d: HWIO; depthwise: [1, kh, kw, C*M]; dense: [K, N]
+    weight: np.ndarray        # conv2d: HWIO; depthwise: [1, kh, kw, C*M]; dense: [K, N];
+                              # transpose_conv: TFLite's [out_c, kh, kw, in_c]
     w_scales: np.ndarray      # float64 per output channel
     bias: np.ndarray          # int32 per output channel
     out_q: tuple[float, int]
@@ -201,8 +202,9 @@ def _transpose_conv_of(graph: Graph, y):
 
 
 def _match_transpose_conv(graph: Graph, quantize, clip, conv, bias_expr):
-    """(zero-insertion _KernelCall, _Layer of the stride-1 conv after it) of a quantized
-    TRANSPOSE_CONV (``schedules.transpose_conv``)."""
+    """A quantized TRANSPOSE_CONV (``schedules.transpose_conv``): (its input, its geometry,
+    the layer as one _Layer, and per output phase the _Layer of the phase's stride-1
+    convolution, or None where no tap lands)."""
     from tvm_armq.schedules import transpose_conv as tc
 
     out_q = qparams(graph, quantize).scalar("the output")
@@ -226,19 +228,21 @@ def _match_transpose_conv(graph: Graph, quantize, clip, conv, bias_expr):
     geom = tc.TransposeConvGeometry(*shape_of(x)[1:3], *out_shape[1:3], kh, kw,
                                     tuple(int(v) for v in a.strides), int(a.padding[0]),
                                     int(a.padding[1]))
-    try:
-        zero_insert = tc.zero_insert_func(shape_of(x), geom, x_q[1])
-    except ValueError as e:
-        raise NotInteger(str(e)) from None
-    padded = (shape_of(x)[0], *geom.padded_hw, shape_of(x)[3])
-    data = _KernelCall(zero_insert, "zero_insert", [x], [], padded, None)
     w_scales = w_q.per_channel(n_out)
     bias = _int_bias(graph, bias_expr) if bias_expr is not None else np.zeros(n_out, np.int32)
-    stride_one = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=(0, 0, 0, 0),
+    layer = _Layer("transpose_conv", x, x_q, w_ohwi, w_scales, bias, out_q, "int8",
+                   clip_range(clip, out_q, "int8"), None, out_shape)
+    convs = []
+    for ph in geom.phases():
+        if not ph.has_taps:
+            convs.append(None)
+            continue
+        window = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=ph.padding,
                                        groups=1)
-    layer = _Layer("conv2d", data, x_q, tc.flipped_hwio(w_ohwi), w_scales, bias, out_q, "int8",
-                   clip_range(clip, out_q, "int8"), stride_one, out_shape)
-    return x, layer
+        convs.append(dataclasses.replace(layer, op="conv2d", weight=ph.weights_hwio(w_ohwi),
+                                         conv_attrs=window,
+                                         out_shape=(out_shape[0], *ph.conv_hw, n_out)))
+    return x, geom, layer, convs
 
 
 # ------------------------------------------------------------------ integer kernels
@@ -248,7 +252,8 @@ class _KernelCall:
 
     func: object
     name: str
-    inputs: list            # graph variables, or (variable, shape the func takes), in order
+    inputs: list            # in order: graph variables, or (variable, shape the func takes),
+                            # or (_KernelCall, shape its output takes) whose output it is
     consts: list            # NumPy arrays after the inputs
     out_shape: tuple
     record: Lowered
@@ -305,8 +310,7 @@ def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
     zero point also runs ``schedules.conv2d_u8``'s row sums first."""
     from tvm_armq.schedules.gemm_layout import Conv2DShape
 
-    # the input: a graph variable, or a kernel's output (TRANSPOSE_CONV's zero insertion)
-    in_shape = layer.x.out_shape if isinstance(layer.x, _KernelCall) else shape_of(layer.x)
+    in_shape = shape_of(layer.x)
     if layer.op == "dense":
         rows, k = in_shape
         shape = Conv2DShape.dense(rows, k, layer.weight.shape[1])
@@ -889,13 +893,39 @@ def _lowering_rewriter():
             return make(layer, label, self.opts)
 
         def _transpose_conv(self, label, quantize, clip, conv, bias) -> _KernelCall:
-            """TRANSPOSE_CONV: zero insertion, then the GEMM convolution of the target."""
-            x, layer = _match_transpose_conv(self.graph, quantize, clip, conv, bias)
-            kc = _gemm_kernel(layer, label, self.opts)
-            kc.record = dataclasses.replace(kc.record, op="transpose_conv", in_shape=shape_of(x),
-                                            kernel=names.elementwise_name("zero_insert")
-                                            + "+" + kc.record.kernel)
-            return kc
+            """TRANSPOSE_CONV: a GEMM convolution of the target per output phase, then the
+            pixel shuffle that puts their pixels in place (``schedules.transpose_conv``)."""
+            from tvm_armq.schedules import transpose_conv as tc
+
+            x, geom, layer, convs = _match_transpose_conv(self.graph, quantize, clip, conv,
+                                                          bias)
+            phases = geom.phases()
+            calls = []
+            for c in convs:
+                if c is not None:
+                    kc = _gemm_kernel(c, label, self.opts)
+                    kc.record = dataclasses.replace(kc.record, op="transpose_conv")
+                    calls.append((kc, c.out_shape))
+            batch, out_h, out_w, n_out = layer.out_shape
+            if len(phases) == 1 and calls and phases[0].conv_hw == (out_h, out_w):
+                # stride 1: the one convolution is the layer
+                kc = calls[0][0]
+                kc.record = dataclasses.replace(kc.record, in_shape=shape_of(x),
+                                                out_shape=layer.out_shape)
+                return kc
+            mult, shift = _requant(layer)
+            fills = [tc.bias_only(layer.bias, mult, shift, layer.out_q[1], layer.act_range)
+                     for ph in phases if not ph.has_taps]
+            shuffle = names.elementwise_name("pixel_shuffle")
+            first = calls[0][0].record if calls else None
+            gemms = list(dict.fromkeys(kc.record.kernel for kc, _ in calls))
+            record = Lowered("transpose_conv", label, shape_of(x), layer.out_shape,
+                             "+".join([*gemms, shuffle]),
+                             any(kc.record.tuned for kc, _ in calls),
+                             next((kc.record.tail for kc, _ in calls if kc.record.tail), None),
+                             tuple(f"{v}+{shuffle}" for v in first.variants) if first else ())
+            func = tc.pixel_shuffle_func(batch, phases, (out_h, out_w), n_out, geom.strides)
+            return _KernelCall(func, "pixel_shuffle", calls, fills, layer.out_shape, record)
 
         def _call_tir(self, kc: _KernelCall, out_shape=None):
             """Emit ``kc``; returns the output expression (not yet bound). ``out_shape``:
@@ -907,10 +937,11 @@ def _lowering_rewriter():
 
             args, views = [], {}
             for i, item in enumerate(kc.inputs):
-                x, shape = item if isinstance(item, tuple) else (item, shape_of(item))
+                x, shape = item if isinstance(item, tuple) else (item, None)
                 if isinstance(x, _KernelCall):  # a kernel's output is this one's input
-                    args.append(self.builder_.emit(self._call_tir(x)))
+                    args.append(self.builder_.emit(self._call_tir(x, shape)))
                     continue
+                shape = shape_of(x) if shape is None else shape
                 args.append(self.visit_expr(x))
                 if shape_of(x) != tuple(shape):
                     views[i] = shape_of(x)
@@ -921,8 +952,8 @@ def _lowering_rewriter():
                 views[last] = out_shape
             # te.create_prim_func names every func "main"; the module names them instead
             func = view_params(kc.func, views).without_attr("global_symbol")
-            # a GEMM names itself; a kernel of the layer's (row sums, zero insertion, a
-            # concatenation's requantized part) has no record of its own
+            # a GEMM names itself; a kernel of the layer's (row sums, a concatenation's
+            # requantized part) has no record of its own
             if kc.record is not None and "tvm_armq.kernel" not in (func.attrs or {}):
                 func = func.with_attrs({"tvm_armq.kernel": kc.record.kernel,
                                         "tvm_armq.layer_op": kc.record.op})
