@@ -73,6 +73,8 @@ def test_main_becomes_one_call_of_the_model_function(zoo_model):
     kernels = [gv.name_hint for gv, f in merged.functions.items()
                if isinstance(f, tvm.tirx.PrimFunc) and call_sequence.INTERNAL in (f.attrs or {})]
     assert len(kernels) >= 8 and all(k.startswith("tvm_armq_") for k in kernels)
+    # the two inputs, every weight in one array, the two outputs
+    assert len(merged[call_sequence.FUNC_NAME].params) == 2 + 1 + 2
     plan = call_sequence._plan(relax.transform.RewriteDataflowReshape()(
         relax.transform.LegalizeOps()(mod)))
     arena = place(plan.tensors)
@@ -82,6 +84,27 @@ def test_main_becomes_one_call_of_the_model_function(zoo_model):
     assert not re.search(r"define dllexport [^\n]*@__tvm_ffi_tvm_armq_conv2d\(", ll)
     # TVMBackendAllocWorkspace(kDLCPU, device, bytes, ...)
     assert re.search(rf"%arena = (tail )?call ptr %\w+\(i32 1, i32 %dev_id, i64 {arena},", ll)
+
+
+def test_weights_blob_holds_each_constant_at_an_aligned_offset():
+    """Every constant's bytes at its offset, each offset a multiple of ALIGN (bf16 too,
+    which NumPy holds as ml_dtypes' bfloat16)."""
+    import ml_dtypes
+    from tvm import relax
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.integers(-128, 128, (3, 5)).astype(np.int8),
+              rng.integers(-2**31, 2**31, (7,)).astype(np.int32),
+              rng.standard_normal((2, 33)).astype(ml_dtypes.bfloat16),
+              rng.integers(-128, 128, (64,)).astype(np.int8)]
+    consts = [relax.const(a, "bfloat16" if a.dtype == ml_dtypes.bfloat16 else str(a.dtype))
+              for a in arrays]
+    blob, offsets = call_sequence.weights_blob(consts)
+    assert blob.dtype == np.uint8 and blob.size % call_sequence.ALIGN == 0
+    for a, off in zip(arrays, offsets):
+        assert off % call_sequence.ALIGN == 0
+        assert blob[off:off + a.nbytes].tobytes() == a.tobytes()
+    assert offsets == sorted(offsets) and len(set(offsets)) == len(arrays)
 
 
 def test_main_that_is_not_a_sequence_is_left_to_the_vm():
