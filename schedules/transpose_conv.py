@@ -24,12 +24,13 @@ sum has exactly the terms of TFLite's scatter (a zero-point row contributes noth
 zero point is subtracted; int32 sums do not round, whatever their order), and its
 requantization is the layer's own per output channel: the result is TFLite's to the bit.
 
-Two edge cases keep the convolutions plain:
-- A phase whose first output row would read before the padded input (``m > J - 1``: a
-  padding as large as the kernel) pads nothing and skips the convolution's first rows
-  (``AxisPhase.skip``); one whose convolution would give more rows than the phase has
-  ignores the rest. TFLite's ``output_shape`` may add a row past the scatter's reach or
-  drop one; both come out here.
+Three edge cases keep the convolutions plain:
+- Where ``J - 1 - m`` is negative (SAME with the kernel as large as the stride and an
+  output shorter than input x stride, e.g. 3x3 stride 3), the phase's first output row
+  reads input row ``m - J + 1``, not 0: its convolution pads nothing before, and the
+  shuffle skips its first ``m - J + 1`` rows (``AxisPhase.skip``).
+- Where the convolution gives more rows than the phase has (an ``output_shape`` that
+  stops short of the scatter's reach), the shuffle leaves the rest unread.
 - A phase no tap reaches (a kernel smaller than the stride: a 1x1 stride-2 layer) is the
   bias alone, requantized once at compile time (``bias_only``).
 
