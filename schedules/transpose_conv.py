@@ -25,8 +25,8 @@ zero point is subtracted; int32 sums do not round, whatever their order), and it
 requantization is the layer's own per output channel: the result is TFLite's to the bit.
 
 Three edge cases keep the convolutions plain:
-- Where ``J - 1 - m`` is negative (SAME with the kernel as large as the stride and an
-  output shorter than input x stride, e.g. 3x3 stride 3), the phase's first output row
+- Where ``J - 1 - m`` is negative (some SAME layers whose output is shorter than input x
+  stride: a 3x3 stride-3 one into 3n - 2 rows from n, say), the phase's first output row
   reads input row ``m - J + 1``, not 0: its convolution pads nothing before, and the
   shuffle skips its first ``m - J + 1`` rows (``AxisPhase.skip``).
 - Where the convolution gives more rows than the phase has (an ``output_shape`` that
