@@ -99,11 +99,12 @@ def test_weights_blob_holds_each_constant_at_an_aligned_offset():
               rng.integers(-128, 128, (64,)).astype(np.int8)]
     consts = [relax.const(a, "bfloat16" if a.dtype == ml_dtypes.bfloat16 else str(a.dtype))
               for a in arrays]
-    blob, offsets = call_sequence.weights_blob(consts)
+    blob, spans = call_sequence.weights_blob(consts)
     assert blob.dtype == np.uint8 and blob.size % call_sequence.ALIGN == 0
-    for a, off in zip(arrays, offsets):
-        assert off % call_sequence.ALIGN == 0
+    for a, (off, nbytes) in zip(arrays, spans):
+        assert off % call_sequence.ALIGN == 0 and nbytes == a.nbytes
         assert blob[off:off + a.nbytes].tobytes() == a.tobytes()
+    offsets = [off for off, _ in spans]
     assert offsets == sorted(offsets) and len(set(offsets)) == len(arrays)
 
 

@@ -218,9 +218,15 @@ def place(tensors) -> int:
     return max((p.offset + _slot(p) for p in placed), default=0)
 
 
+def _aligned(nbytes: int) -> int:
+    """``nbytes`` rounded up to a multiple of ``ALIGN``: the room a tensor takes in the
+    arena or the weights array, so that the next one starts aligned."""
+    return -(-nbytes // ALIGN) * ALIGN
+
+
 def _slot(t) -> int:
-    """The bytes a tensor takes in the arena: its own, up to the next aligned offset."""
-    return -(-t.nbytes // ALIGN) * ALIGN
+    """The bytes a tensor takes in the arena."""
+    return _aligned(t.nbytes)
 
 
 def internal(func):
@@ -296,22 +302,21 @@ def install() -> None:
     wrap_tir_pipelines(_WRAPPED, after=[on_cpu])
 
 
-def weights_blob(consts) -> tuple[np.ndarray, list[int]]:
+def weights_blob(consts) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """The model's constants as one byte array, each at an ``ALIGN``-byte offset (the
     alignment its kernel was compiled for, as the runtime gives every tensor's data), and
-    those offsets, in ``consts``' order."""
-    parts, offsets, size = [], [], 0
+    where each lies in it, (offset, bytes), in ``consts``' order."""
+    parts, spans, size = [], [], 0
     for c in consts:
         raw = np.frombuffer(c.value.numpy().tobytes(), np.uint8)
-        offsets.append(size)
-        slot = -(-raw.size // ALIGN) * ALIGN
-        parts.append(np.pad(raw, (0, slot - raw.size)))
-        size += slot
+        spans.append((size, raw.size))
+        parts.append(np.pad(raw, (0, _aligned(raw.size) - raw.size)))
+        size += _aligned(raw.size)
     blob = np.concatenate(parts) if parts else np.zeros(ALIGN, np.uint8)
-    return blob, offsets
+    return blob, spans
 
 
-def _model_func(plan: _Plan, arena_bytes: int, weight_offsets: list, weight_bytes: int):
+def _model_func(plan: _Plan, arena_bytes: int, weight_spans: list, weight_bytes: int):
     """``tvm_armq_model(inputs..., weights, outputs...)``: the steps as direct calls,
     every constant a pointer into the one ``weights`` array (``weights_blob``)."""
     import tvm
@@ -329,9 +334,8 @@ def _model_func(plan: _Plan, arena_bytes: int, weight_offsets: list, weight_byte
         if kind == "input":
             return inputs[i].data
         if kind == "const":
-            shape, dtype = _static(plan.consts[i].ty, "a weight")
-            return weights.access_ptr("r", offset=weight_offsets[i],
-                                      extent=_nbytes(shape, dtype))
+            offset, nbytes = weight_spans[i]
+            return weights.access_ptr("r", offset=offset, extent=nbytes)
         t = plan.tensors[i]
         if t.output is not None:
             return outputs[t.output].data
@@ -370,8 +374,8 @@ def as_one_function(mod, target):
     builder = relax.BlockBuilder(mod)
     for gv in {gv for gv, _, _ in plan.steps}:
         builder.update_func(gv, internal(mod[gv]))
-    blob, offsets = weights_blob(plan.consts)
-    model_gv = builder.add_func(_model_func(plan, arena_bytes, offsets, blob.size), FUNC_NAME)
+    blob, spans = weights_blob(plan.consts)
+    model_gv = builder.add_func(_model_func(plan, arena_bytes, spans, blob.size), FUNC_NAME)
     out = builder.get()
     main = mod["main"]
     types = [relax.TensorType(shape, dtype) for shape, dtype in plan.out_types]

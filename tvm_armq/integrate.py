@@ -202,9 +202,9 @@ def _transpose_conv_of(graph: Graph, y):
 
 
 def _match_transpose_conv(graph: Graph, quantize, clip, conv, bias_expr):
-    """A quantized TRANSPOSE_CONV (``schedules.transpose_conv``): (its input, its geometry,
-    the layer as one _Layer, and per output phase the _Layer of the phase's stride-1
-    convolution, or None where no tap lands)."""
+    """A quantized TRANSPOSE_CONV (``schedules.transpose_conv``): (its geometry, the layer
+    as one _Layer, and per output phase (the phase, the _Layer of its stride-1
+    convolution or None where no tap lands))."""
     from tvm_armq.schedules import transpose_conv as tc
 
     out_q = qparams(graph, quantize).scalar("the output")
@@ -232,17 +232,18 @@ def _match_transpose_conv(graph: Graph, quantize, clip, conv, bias_expr):
     bias = _int_bias(graph, bias_expr) if bias_expr is not None else np.zeros(n_out, np.int32)
     layer = _Layer("transpose_conv", x, x_q, w_ohwi, w_scales, bias, out_q, "int8",
                    clip_range(clip, out_q, "int8"), None, out_shape)
-    convs = []
+    phases = []
     for ph in geom.phases():
         if not ph.has_taps:
-            convs.append(None)
+            phases.append((ph, None))
             continue
         window = types.SimpleNamespace(strides=(1, 1), dilation=(1, 1), padding=ph.padding,
                                        groups=1)
-        convs.append(dataclasses.replace(layer, op="conv2d", weight=ph.weights_hwio(w_ohwi),
-                                         conv_attrs=window,
-                                         out_shape=(out_shape[0], *ph.conv_hw, n_out)))
-    return x, geom, layer, convs
+        phases.append((ph, dataclasses.replace(layer, op="conv2d",
+                                               weight=ph.weights_hwio(w_ohwi),
+                                               conv_attrs=window,
+                                               out_shape=(out_shape[0], *ph.conv_hw, n_out))))
+    return geom, layer, phases
 
 
 # ------------------------------------------------------------------ integer kernels
@@ -897,34 +898,34 @@ def _lowering_rewriter():
             pixel shuffle that puts their pixels in place (``schedules.transpose_conv``)."""
             from tvm_armq.schedules import transpose_conv as tc
 
-            x, geom, layer, convs = _match_transpose_conv(self.graph, quantize, clip, conv,
-                                                          bias)
-            phases = geom.phases()
+            geom, layer, phases = _match_transpose_conv(self.graph, quantize, clip, conv,
+                                                        bias)
             calls = []
-            for c in convs:
+            for _, c in phases:
                 if c is not None:
                     kc = _gemm_kernel(c, label, self.opts)
                     kc.record = dataclasses.replace(kc.record, op="transpose_conv")
                     calls.append((kc, c.out_shape))
             batch, out_h, out_w, n_out = layer.out_shape
-            if len(phases) == 1 and calls and phases[0].conv_hw == (out_h, out_w):
+            if len(phases) == 1 and calls and phases[0][0].conv_hw == (out_h, out_w):
                 # stride 1: the one convolution is the layer
                 kc = calls[0][0]
-                kc.record = dataclasses.replace(kc.record, in_shape=shape_of(x),
+                kc.record = dataclasses.replace(kc.record, in_shape=shape_of(layer.x),
                                                 out_shape=layer.out_shape)
                 return kc
             mult, shift = _requant(layer)
             fills = [tc.bias_only(layer.bias, mult, shift, layer.out_q[1], layer.act_range)
-                     for ph in phases if not ph.has_taps]
+                     for _, c in phases if c is None]
             shuffle = names.elementwise_name("pixel_shuffle")
             first = calls[0][0].record if calls else None
             gemms = list(dict.fromkeys(kc.record.kernel for kc, _ in calls))
-            record = Lowered("transpose_conv", label, shape_of(x), layer.out_shape,
+            record = Lowered("transpose_conv", label, shape_of(layer.x), layer.out_shape,
                              "+".join([*gemms, shuffle]),
                              any(kc.record.tuned for kc, _ in calls),
                              next((kc.record.tail for kc, _ in calls if kc.record.tail), None),
                              tuple(f"{v}+{shuffle}" for v in first.variants) if first else ())
-            func = tc.pixel_shuffle_func(batch, phases, (out_h, out_w), n_out, geom.strides)
+            func = tc.pixel_shuffle_func(batch, [ph for ph, _ in phases], (out_h, out_w),
+                                         n_out, geom.strides)
             return _KernelCall(func, "pixel_shuffle", calls, fills, layer.out_shape, record)
 
         def _call_tir(self, kc: _KernelCall, out_shape=None):
