@@ -21,7 +21,8 @@ ADD (``add_func``; TFLite's general 8-bit path, ``left_shift`` = 20)
     Prepare: ``twice = 2 * max(s_a, s_b)``; input factors ``s_a / twice`` and
     ``s_b / twice`` (<= 1/2), output factor ``twice / (2**20 * s_out)``, all in double.
     Eval: ``a' = M((a - zp_a) << 20, m_a, e_a)``, same for b,
-    ``out = clamp(M(a' + b', m_out, e_out) + zp_out, act_lo, act_hi)``.
+    ``out = clamp(M(a' + b', m_out, e_out) + zp_out, act_lo, act_hi)``. The input of the
+    larger scale has the factor 1/2 exactly (``HALF``): its ``a'`` is ``(a - zp_a) << 19``.
 SUB (``add_func(..., op="SUB")``): ADD's Prepare (TFLite's PrepareGeneralSubOp is
     the same for 8-bit tensors), and ``a' - b'`` in Eval.
 SQUARED_DIFFERENCE (``add_func(..., op="SQUARED_DIFFERENCE")``; int8 only, as TFLite)
@@ -111,6 +112,10 @@ SQUARED_DIFFERENCE_LEFT_SHIFT = 7
 # left shift that keeps the rescaled inputs exact
 COMMON_SCALE_OPS = {"ADD": ADD_LEFT_SHIFT, "SUB": ADD_LEFT_SHIFT,
                     "SQUARED_DIFFERENCE": SQUARED_DIFFERENCE_LEFT_SHIFT}
+# QuantizeMultiplier(0.5), the input factor of the larger-scale input of ADD's recipe
+# (``s / (2 * s)``): qmuls(v << k, *HALF) is v << (k - 1) exactly (sqrdmulh halves an even
+# number without rounding, and the shift is 0), so that input is rescaled by a shift
+HALF = (1 << (Q31 - 1), 0)
 
 MEAN_MAX_FOLD_SHIFT = 32  # TFLite folds 1/n into the multiplier with at most 32 extra bits
 
@@ -430,7 +435,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     requantizations per element is gone. Returns ``(func, rescaled values)`` then."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls
+    from tvm_armq.intrinsics.qmuls import qmuls, requantize
 
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
@@ -453,6 +458,8 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         if t.dtype == "int32":  # the constant, rescaled at compile time
             return v
         x = v.astype("int32") - zp
+        if (m, e) == HALF:  # the input of the larger scale: exactly half, no rounding
+            return x << (p.left_shift - 1)
         return qmuls(x << p.left_shift, m, Q31, e)  # |x - zp| <= 255: the shift fits
 
     def element(*idx):
@@ -461,8 +468,9 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         total = a_ + b_ if op == "ADD" else a_ - b_
         if op == "SQUARED_DIFFERENCE":
             total = total * total
-        return _clamp_cast(qmuls(total, p.out_multiplier, Q31, p.out_shift) + p.out_zp,
-                           *p.act_range, dtype)
+        # a fused ReLU drops the rounding fixup (qmuls.requantize)
+        return requantize(total, p.out_multiplier, p.out_shift, p.out_zp,
+                          *p.act_range).astype(dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
     func = finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
@@ -473,20 +481,27 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
              dtype: str = "int8", *, schedule: bool = True):
     """TFLite's 8-bit MUL (broadcasting, fused activation) as a PrimFunc ``(a, b, out)``;
     arguments as ``add_func``."""
-    from tvm import te
+    from tvm import te, tirx
 
     from tvm_armq.intrinsics.qmuls import requantize
+    from tvm_armq.intrinsics.widen import widening_mul
 
     _check_broadcast("MUL", a_shape, b_shape, out_shape)
     p = mul_params(a_q, b_q, out_q, act_range, dtype)
     a = te.placeholder(tuple(a_shape), dtype, "a")
     b = te.placeholder(tuple(b_shape), dtype, "b")
 
+    def centred(t, shape, zp, idx):
+        """t - zp as int16 (|t - zp| <= 255): the product of two is one 16 x 16 -> 32-bit
+        multiply (``widening_mul``: smull), where int32 operands take a 32-bit one."""
+        v = t[tuple(_broadcast_index(shape, out_shape, idx))].astype("int16")
+        return v - tirx.const(zp, "int16")
+
     def element(*idx):
-        x = a[tuple(_broadcast_index(a_shape, out_shape, idx))].astype("int32") - p.a_zp
-        y = b[tuple(_broadcast_index(b_shape, out_shape, idx))].astype("int32") - p.b_zp
+        x, y = centred(a, a_shape, p.a_zp, idx), centred(b, b_shape, p.b_zp, idx)
         # |x * y| <= 255 * 255; a fused ReLU drops the rounding fixup (qmuls.requantize)
-        return requantize(x * y, p.multiplier, p.shift, p.out_zp, *p.act_range).astype(dtype)
+        return requantize(widening_mul(x, y), p.multiplier, p.shift, p.out_zp,
+                          *p.act_range).astype(dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
     return finish_func((a, b, out), schedule, elementwise_schedule)
