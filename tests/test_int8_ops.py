@@ -707,6 +707,7 @@ _VECTOR_ASM = {  # each must appear in NEON vector form somewhere in the module
     "sqrdmulh": r"v\d+\.4s, v\d+\.4s",  # every requantization (qmuls), the pool's division
     "srshl": r"v\d+\.4s, v\d+\.4s",  # its rounding right shift
     "saddw": r"v\d+\.4s, v\d+\.4s, v\d+\.4h",  # MEAN and AVERAGE_POOL_2D sums
+    "smull": r"v\d+\.4s, v\d+\.(4h|8h), v\d+\.(4h|8h)",  # MUL's 16 x 16-bit products
 }
 
 
