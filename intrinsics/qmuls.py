@@ -120,6 +120,16 @@ SIGN_BIT_64 = 63  # the same for an int64
 
 SQRDMULH = "llvm.aarch64.neon.sqrdmulh"
 SRSHL = "llvm.aarch64.neon.srshl"
+SQSHRN = "llvm.aarch64.neon.sqshrn"  # saturating narrow by an immediate right shift
+SQXTN = "llvm.aarch64.neon.sqxtn"  # saturating narrow
+SQRSHRN = "llvm.aarch64.neon.sqrshrn"  # saturating narrow by an immediate rounding shift
+SQADD = "llvm.aarch64.neon.sqadd"
+
+REQUANT_S8_OP = "tvm_armq.requantize_s8"  # clamp(qmuls(x, m, 31, s) + zp, lo, hi) as int8
+INT16_LANES = 8  # int16 lanes in one 128-bit NEON register
+NARROW_SHIFT_MAX = 16  # sqshrn's immediate from int32 to int16: 1..16
+S8_SHIFT_SPREAD = 7  # the most an int16 lane is rounded right after its saturating narrow
+INT8_MIN, INT8_MAX = -128, 127
 
 _portable = contextvars.ContextVar("tvm_armq_qmuls_portable", default=False)
 
@@ -233,15 +243,30 @@ def requantize(x, m, s, out_zp: int, lo: int, hi: int, rounding: str = "double")
     return tirx.max(tirx.min(r, hi), lo)
 
 
-def bounded_shift(s, max_shift: int | None):
-    """The shift ``s`` with a compile-time fact written into it: every value it takes is at
-    most ``max_shift``. It becomes ``min(s, max_shift)``, which equals ``s`` for those
-    values and whose bound the aarch64 lowering reads (``_shift_max``): at most 0, no left
-    shift; at most -1, a cheaper rounding fixup. ``None`` or a bound above 0 changes
-    nothing. A func built so must only be given such shifts (its ``pack_params`` checks)."""
+def requantize_s8(x, m, s, out_zp: int, lo: int, hi: int):
+    """``requantize(x, m, s, out_zp, lo, hi)`` (double rounding) narrowed to int8, as one
+    op (``REQUANT_S8_OP``): the same values. On aarch64, in whole int16x8 registers and
+    with the shift's range known (``bounded_shift`` with both bounds), the rounding shift,
+    the zero point and the clamp run on 16-bit lanes after a saturating narrow
+    (``_aarch64_s8``); otherwise it is ``requantize`` and a cast."""
+    call = qmuls(x, m, Q31, s)  # checks and broadcasts the operands
+    x, m, _, s = call.args
+    return tirx.call_intrin(_vec("int8", _lanes(x)), REQUANT_S8_OP, x, m, s,
+                            *(IntImm("int32", int(v)) for v in (out_zp, lo, hi)))
+
+
+def bounded_shift(s, max_shift: int | None, min_shift: int | None = None):
+    """The shift ``s`` with compile-time facts written into it: every value it takes is at
+    most ``max_shift`` (and at least ``min_shift``). It becomes ``min(s, max_shift)``
+    (``max(min(s, max_shift), min_shift)``), which equals ``s`` for those values and whose
+    bounds the aarch64 lowering reads (``_shift_bounds``): at most 0, no left shift; at
+    most -1, a cheaper rounding fixup; both bounds within ``S8_SHIFT_SPREAD``, the int8
+    narrowing of ``requantize_s8``. ``None`` or a bound above 0 changes nothing. A func
+    built so must only be given such shifts (its ``pack_params`` checks)."""
     if max_shift is None or max_shift > 0:
         return s
-    return tirx.min(s, max_shift)
+    s = tirx.min(s, max_shift)
+    return s if min_shift is None else tirx.max(s, min_shift)
 
 
 def _operands(call):
@@ -322,13 +347,19 @@ def _llvm(dtype: str, name: str, *args):
     return tirx.call_llvm_pure_intrin(dtype, name, *args)
 
 
-def _shift_max(s) -> int:
-    """The largest value the shift expression ``s`` can take, by TVM's bound analysis: a
-    func that knows its layer's shifts writes ``min(shift[c], bound)`` (see
+def _shift_bounds(s) -> tuple[int, int]:
+    """The smallest and largest values the shift expression ``s`` can take, by TVM's bound
+    analysis: a func that knows its layer's shifts writes ``min(shift[c], bound)`` (see
     ``conv2d_gemm_te``'s ``max_shift``), and the lowering then leaves out what cannot occur."""
     from tvm.sym.analyzer import Analyzer
 
-    return int(Analyzer().const_int_bound(s).max_value)
+    b = Analyzer().const_int_bound(s)
+    return int(b.min_value), int(b.max_value)
+
+
+def _shift_max(s) -> int:
+    """The largest value the shift expression ``s`` can take (``_shift_bounds``)."""
+    return _shift_bounds(s)[1]
 
 
 def _aarch64_double(x, m, s, lanes: int, s_max: int = MAX_SHIFT["double"],
@@ -415,20 +446,105 @@ def lower_aarch64(call):
     return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
 
 
+# ------------------------------------------------------ requantize_s8 (int8 result)
+def _s8_operands(call):
+    x, m, s, zp, lo, hi = call.args
+    return x, m, s, int(zp.value), int(lo.value), int(hi.value)
+
+
+def lower_s8_portable(call):
+    """``default.FLowerIntrinsic`` of requantize_s8: ``requantize`` and a cast (its qmuls
+    calls are lowered in turn)."""
+    x, m, s, zp, lo, hi = _s8_operands(call)
+    return Cast(call.ty.dtype, requantize(x, m, s, zp, lo, hi))
+
+
+def _s8_split(r_min: int, r_max: int) -> int | None:
+    """k for the int8 narrowing of right shifts in [r_min, r_max], or None: the int32
+    value is shifted right by k (truncating, k <= r_min - 1, so the rounding bits stay)
+    and saturated to int16, and the rest of each lane's shift, r - k, is a rounding shift
+    of the int16 value. A saturated lane (|v >> k| >= 2**15) then gives at least 256 in
+    magnitude after the rest (r - k <= S8_SHIFT_SPREAD), beyond any zero point and clamp,
+    as the exact value does."""
+    if r_min < 1:
+        return None
+    k = min(r_min - 1, NARROW_SHIFT_MAX)
+    return k if r_max - k <= S8_SHIFT_SPREAD else None
+
+
+def _aarch64_s8(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform: int | None):
+    """sqrdmulh (+ the ties-away fixup unless under a ReLU floor) per int32x4; then per
+    int16x8 either (one right shift r for every lane, ``uniform``, 1 <= r <= 16) a
+    saturating rounding narrow by r (sqrshrn), or a saturating narrow by k (sqshrn, or
+    sqxtn for k = 0) and a rounding shift right by r - k (srshl by the lane's shift + k);
+    the zero point, a saturating narrow to int8; then the clamp on int8 lanes. Values:
+    ``_s8_split``."""
+    i16 = _vec("int16", INT16_LANES)
+    i16x4 = _vec("int16", NEON_INT32_LANES)
+    relu = lo >= zp
+    halves = []
+    for start in range(0, lanes, INT16_LANES):
+        narrow = []
+        for piece in range(start, start + INT16_LANES, NEON_INT32_LANES):
+            idx = [IntImm("int32", piece + i) for i in range(NEON_INT32_LANES)]
+            h = _llvm(_vec("int32", NEON_INT32_LANES), SQRDMULH, _take(x, idx), _take(m, idx))
+            if not relu:  # -1 in negative lanes: the ties-up rounding becomes ties away
+                h = h + (h >> _const(SIGN_BIT, "int32", NEON_INT32_LANES))
+            if uniform is not None:
+                narrow.append(_llvm(i16x4, SQRSHRN, h, IntImm("int32", uniform)))
+            elif k:
+                narrow.append(_llvm(i16x4, SQSHRN, h, IntImm("int32", k)))
+            else:
+                narrow.append(_llvm(i16x4, SQXTN, h))
+        y = Shuffle(narrow, [IntImm("int32", i) for i in range(INT16_LANES)])
+        if uniform is None:
+            idx = [IntImm("int32", start + i) for i in range(INT16_LANES)]
+            rest = Cast(i16, _take(s, idx) + _const(k, "int32", INT16_LANES))  # -(r - k)
+            y = _llvm(i16, SRSHL, y, rest)
+        y = _llvm(i16, SQADD, y, _const(zp, "int16", INT16_LANES))  # saturated lanes stay so
+        halves.append(_llvm(_vec("int8", INT16_LANES), SQXTN, y))
+    out = Shuffle(halves, [IntImm("int32", i) for i in range(lanes)])
+    if hi < INT8_MAX:
+        out = tirx.min(out, _const(hi, "int8", lanes))
+    if lo > INT8_MIN:
+        out = tirx.max(out, _const(lo, "int8", lanes))
+    return out
+
+
+def lower_s8_aarch64(call):
+    """``llvm.aarch64.FLowerIntrinsic`` of requantize_s8: ``_aarch64_s8`` for whole int16x8
+    registers and shifts whose range ``_s8_split`` accepts; else ``call`` itself (to the
+    default rule)."""
+    if _portable.get():
+        return call
+    x, m, s, zp, lo, hi = _s8_operands(call)
+    lanes = _lanes(call)
+    if lanes % INT16_LANES:
+        return call
+    s_min, s_max = _shift_bounds(s)
+    k = _s8_split(-s_max, -s_min)
+    if k is None:
+        return call
+    uniform = -s_max if s_min == s_max and -s_max <= NARROW_SHIFT_MAX else None
+    return _aarch64_s8(x, m, s, zp, lo, hi, lanes, k, uniform)
+
+
 # ------------------------------------------------------------------- registration
 def _register() -> None:
-    """Create the two ops and their lowering rules; a second import changes nothing."""
-    for name in (*OP_NAMES.values(), RELU_OP):
+    """Create the ops and their lowering rules; a second import changes nothing."""
+    rules = {**{name: (lower_portable, lower_aarch64) for name in (*OP_NAMES.values(), RELU_OP)},
+             REQUANT_S8_OP: (lower_s8_portable, lower_s8_aarch64)}
+    for name, (portable, aarch64) in rules.items():
         if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
             continue
         register_op_attr(name, "TCallEffectKind", CallEffectKind.Pure.value)
         register_op_attr(name, "TVectorizable", True)
         register_op_attr(name, "TScriptPrinterName", name)
-        tirx.register_intrin_lowering(name, "default", f=lower_portable)
-        tirx.register_intrin_lowering(name, "llvm.aarch64", f=lower_aarch64)
+        tirx.register_intrin_lowering(name, "default", f=portable)
+        tirx.register_intrin_lowering(name, "llvm.aarch64", f=aarch64)
 
 
 _register()
 
-__all__ = ["qmuls", "qmuls_relu", "requantize", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
+__all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_s8", "REQUANT_S8_OP", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
            "requant"]

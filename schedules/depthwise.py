@@ -234,16 +234,19 @@ def fold_bias(weight, bias, in_zp: int, shape: DepthwiseShape) -> np.ndarray:
 
 def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp: int,
                 channel_block: int | None = None, int16_pairs: bool = True,
-                max_shift: int | None = None):
+                max_shift: int | None = None, min_shift: int | None = None):
     """All compile-time operands of ``depthwise_func``, in its parameter order after data:
     [weight_packed, bias_folded, multiplier, shift] (the last three padded to C_pad * M).
 
-    ``int16_pairs`` and ``max_shift`` must be the func's: no shift may exceed
-    ``max_shift`` (None: any shift)."""
+    ``int16_pairs``, ``max_shift`` and ``min_shift`` must be the func's: no shift may lie
+    outside [min_shift, max_shift] (None: unbounded)."""
     s = shape
     if max_shift is not None and (np.asarray(shift) > max_shift).any():
         raise ValueError(f"depthwise: a shift of {int(np.max(shift))} exceeds the func's "
                          f"max_shift={max_shift}")
+    if min_shift is not None and (np.asarray(shift) < min_shift).any():
+        raise ValueError(f"depthwise: a shift of {int(np.min(shift))} is below the func's "
+                         f"min_shift={min_shift}")
     cb = channel_block or default_channel_block(s)
     opad = padded_channels(s, cb) * s.multiplier
 
@@ -258,18 +261,19 @@ def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp
 
 def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-128, 127),
                  channel_block: int | None = None, int16_pairs: bool = True,
-                 max_shift: int | None = None):
+                 max_shift: int | None = None, min_shift: int | None = None):
     """TE tensors of the depthwise conv2d: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC [N, H, W, C] int8, weight_packed [kh, kw, M, C_pad] int8,
     bias_folded, multiplier, shift [C_pad * M] int32. Output: NHWC [N, OH, OW, C * M] int8.
     Stages as in the module docstring; ``act_range`` is the clamp (fused ReLU/ReLU6).
     ``int16_pairs``: two taps' products summed in int16 (weights in [-127, 127]);
-    ``max_shift``: the largest shift of any channel, None if unknown (module docstring).
+    ``max_shift``, ``min_shift``: the largest and smallest shift of any channel, None if
+    unknown (module docstring); with both, the int8 narrowing of ``qmuls.requantize_s8``.
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_s8
 
     s = shape
     cb = channel_block or default_channel_block(s)
@@ -320,9 +324,9 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
 
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
-        r = requantize(x, mult[oc].asobject(), bounded_shift(shift[oc].asobject(), max_shift),
-                       out_zp, lo, hi)
-        return r.astype("int8")
+        return requantize_s8(x, mult[oc].asobject(),
+                             bounded_shift(shift[oc].asobject(), max_shift, min_shift),
+                             out_zp, lo, hi)
 
     if cpad == s.channels:
         out = te.compute((s.batch, s.out_h, s.out_w, s.out_c), requant_element, name="output")

@@ -291,7 +291,8 @@ def direct_gemm_te(shape: Conv2DShape, mr_nr_kr, window, source, b_packed, acc_d
 
 def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: int,
                    out_zp: int, act_range: tuple[int, int], w_zp: int = 0,
-                   max_shift: int | None = None, rounding: str = "double"):
+                   max_shift: int | None = None, min_shift: int | None = None,
+                   rounding: str = "double"):
     """TE tensors of the conv2d GEMM of ``plan``: (inputs..., outputs) for
     ``te.create_prim_func``.
 
@@ -309,7 +310,9 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
 
     ``max_shift``: the largest of the layer's shifts, if known when the func is built (the
     caller must then pass no larger one): at most 0 drops the epilogue's per-channel left
-    shift, at most -1 also shortens its rounding (``qmuls.bounded_shift``).
+    shift, at most -1 also shortens its rounding (``qmuls.bounded_shift``). With
+    ``min_shift`` (the smallest) too, an int8 output with double rounding narrows in
+    16-bit lanes (``qmuls.requantize_s8``).
 
     ``rounding``: the requantization's (``qmuls``): "double" as TFLite's CONV_2D,
     "single" as its int8 FULLY_CONNECTED (measured against TFLite's reference kernels:
@@ -324,7 +327,7 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize, requantize_s8
 
     _, nr, kr = plan.main.tile
     s, G = plan.shape, plan.shape.groups
@@ -363,6 +366,10 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
             if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
                 x = x - row_sum[first + m, g] * w_zp
             x = x + bias[c]
+            if out_dtype == "int8" and rounding == "double":
+                return requantize_s8(x, mult[c].asobject(),
+                                     bounded_shift(shift[c].asobject(), max_shift, min_shift),
+                                     out_zp, lo, hi)
             r = requantize(x, mult[c].asobject(),
                            bounded_shift(shift[c].asobject(), max_shift), out_zp, lo, hi,
                            rounding)

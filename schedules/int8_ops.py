@@ -360,6 +360,16 @@ def _clamp_cast(x, lo: int, hi: int, dtype: str):
     return tirx.max(tirx.min(x, hi), lo).astype(dtype)
 
 
+def _requantized(x, multiplier: int, shift: int, zp: int, act_range, dtype: str):
+    """``clamp(qmuls(x, multiplier, 31, shift) + zp)`` to ``act_range`` as ``dtype``: int8
+    through ``qmuls.requantize_s8`` (16-bit lanes after a saturating narrow on aarch64)."""
+    from tvm_armq.intrinsics.qmuls import requantize, requantize_s8
+
+    if dtype == "int8":
+        return requantize_s8(x, multiplier, shift, zp, *act_range)
+    return requantize(x, multiplier, shift, zp, *act_range).astype(dtype)
+
+
 def _broadcast_index(shape, out_shape, idx):
     """Index into a NumPy-broadcast operand of ``shape`` at output index ``idx``."""
     lead = len(out_shape) - len(shape)
@@ -435,7 +445,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     requantizations per element is gone. Returns ``(func, rescaled values)`` then."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls, requantize
+    from tvm_armq.intrinsics.qmuls import qmuls
 
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
@@ -469,8 +479,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         if op == "SQUARED_DIFFERENCE":
             total = total * total
         # a fused ReLU drops the rounding fixup (qmuls.requantize)
-        return requantize(total, p.out_multiplier, p.out_shift, p.out_zp,
-                          *p.act_range).astype(dtype)
+        return _requantized(total, p.out_multiplier, p.out_shift, p.out_zp, p.act_range, dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
     func = finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
@@ -483,7 +492,6 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     arguments as ``add_func``."""
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import requantize
     from tvm_armq.intrinsics.widen import widening_mul
 
     _check_broadcast("MUL", a_shape, b_shape, out_shape)
@@ -500,8 +508,8 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     def element(*idx):
         x, y = centred(a, a_shape, p.a_zp, idx), centred(b, b_shape, p.b_zp, idx)
         # |x * y| <= 255 * 255; a fused ReLU drops the rounding fixup (qmuls.requantize)
-        return requantize(widening_mul(x, y), p.multiplier, p.shift, p.out_zp,
-                          *p.act_range).astype(dtype)
+        return _requantized(widening_mul(x, y), p.multiplier, p.shift, p.out_zp, p.act_range,
+                            dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
     return finish_func((a, b, out), schedule, elementwise_schedule)

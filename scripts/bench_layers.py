@@ -385,6 +385,7 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
     plan = gemm_plan.plan(shape, micro, knobs=knobs)
     f = gemm_compute.conv2d_gemm_func(plan, in_zp=q.in_zp, out_zp=q.out_zp,
                                       act_range=q.act_range, max_shift=int(shift.max()),
+                                      min_shift=int(shift.min()),
                                       rounding="single" if q.op == "FULLY_CONNECTED"
                                       else "double")
     f = gemm_schedule.schedule_conv2d_gemm(f, plan, target).with_attr("global_symbol",
@@ -406,7 +407,8 @@ def _depthwise_kernel(layer: Layer, q, x, dw) -> LayerKernel:
     shape = dw.DepthwiseShape(1, h, w, c, multiplier=oc // c, kh=kh, kw=kw,
                               strides=q.strides, dilation=q.dilation, padding=q.padding)
     mult, shift = _requant_params(q)
-    options = dict(int16_pairs=bool(q.weight.min() > -128), max_shift=int(shift.max()))
+    options = dict(int16_pairs=bool(q.weight.min() > -128), max_shift=int(shift.max()),
+                   min_shift=int(shift.min()))
     f = dw.depthwise_func(shape, in_zp=q.in_zp, out_zp=q.out_zp, act_range=q.act_range,
                           **options)
     f = dw.schedule_depthwise(f, shape, parallel=False).with_attr("global_symbol",

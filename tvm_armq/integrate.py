@@ -374,6 +374,7 @@ def _gemm_variant(layer: _Layer, shape, w_hwio, target, opts: _Options, tune: bo
                                          in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                                          act_range=layer.act_range, w_zp=layer.w_zp,
                                          max_shift=int(shift.max()),
+                                         min_shift=int(shift.min()),
                                          rounding=requant_rounding(layer))
     scheduled = None
     if tune and opts.tuned_schedule is not None:
@@ -423,7 +424,8 @@ def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
     mult, shift = _requant(layer)
     # int16 pair sums are exact unless a weight is -128 (see schedules/depthwise.py);
     # the requantization is built for the layer's largest shift (as in _gemm_kernel).
-    options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()))
+    options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()),
+                   min_shift=int(shift.min()))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, **options)
     scheduled = dw.schedule_depthwise(func, shape) if opts.schedule else func
