@@ -474,18 +474,21 @@ def _s8_split(r_min: int, r_max: int) -> int | None:
 
 def _aarch64_s8(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform: int | None):
     """sqrdmulh (+ the ties-away fixup unless under a ReLU floor) per int32x4; then per
-    int16x8 either (one right shift r for every lane, ``uniform``, 1 <= r <= 16) a
-    saturating rounding narrow by r (sqrshrn), or a saturating narrow by k (sqshrn, or
-    sqxtn for k = 0) and a rounding shift right by r - k (srshl by the lane's shift + k);
-    the zero point, a saturating narrow to int8; then the clamp on int8 lanes. Values:
-    ``_s8_split``."""
-    i16 = _vec("int16", INT16_LANES)
+    int16x8 (or int16x4, for a vector of 4 lanes) either (one right shift r for every lane,
+    ``uniform``, 1 <= r <= 16) a saturating rounding narrow by r (sqrshrn), or a
+    saturating narrow by k (sqshrn, or sqxtn for k = 0) and a rounding shift right by
+    r - k (srshl by the lane's shift + k); the zero point, a saturating narrow to int8;
+    then the clamp on int8 lanes. Values: ``_s8_split``. A 4-lane vector narrows its
+    int16x4 doubled to int16x8 (sqxtn reads one whole register: no other register's lanes
+    enter, as they would through LLVM's uzp1 of an undefined half)."""
+    group = INT16_LANES if lanes % INT16_LANES == 0 else NEON_INT32_LANES
+    i16 = _vec("int16", group)
     i16x4 = _vec("int16", NEON_INT32_LANES)
     relu = lo >= zp
-    halves = []
-    for start in range(0, lanes, INT16_LANES):
+    parts = []
+    for start in range(0, lanes, group):
         narrow = []
-        for piece in range(start, start + INT16_LANES, NEON_INT32_LANES):
+        for piece in range(start, start + group, NEON_INT32_LANES):
             idx = [IntImm("int32", piece + i) for i in range(NEON_INT32_LANES)]
             h = _llvm(_vec("int32", NEON_INT32_LANES), SQRDMULH, _take(x, idx), _take(m, idx))
             if not relu:  # -1 in negative lanes: the ties-up rounding becomes ties away
@@ -496,30 +499,37 @@ def _aarch64_s8(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform:
                 narrow.append(_llvm(i16x4, SQSHRN, h, IntImm("int32", k)))
             else:
                 narrow.append(_llvm(i16x4, SQXTN, h))
-        y = Shuffle(narrow, [IntImm("int32", i) for i in range(INT16_LANES)])
+        y = narrow[0] if group == NEON_INT32_LANES else \
+            Shuffle(narrow, [IntImm("int32", i) for i in range(group)])
         if uniform is None:
-            idx = [IntImm("int32", start + i) for i in range(INT16_LANES)]
-            rest = Cast(i16, _take(s, idx) + _const(k, "int32", INT16_LANES))  # -(r - k)
+            idx = [IntImm("int32", start + i) for i in range(group)]
+            rest = Cast(i16, _take(s, idx) + _const(k, "int32", group))  # -(r - k)
             y = _llvm(i16, SRSHL, y, rest)
-        y = _llvm(i16, SQADD, y, _const(zp, "int16", INT16_LANES))  # saturated lanes stay so
-        halves.append(_llvm(_vec("int8", INT16_LANES), SQXTN, y))
-    out = Shuffle(halves, [IntImm("int32", i) for i in range(lanes)])
-    if hi < INT8_MAX:
-        out = tirx.min(out, _const(hi, "int8", lanes))
-    if lo > INT8_MIN:
-        out = tirx.max(out, _const(lo, "int8", lanes))
-    return out
+        y = _llvm(i16, SQADD, y, _const(zp, "int16", group))  # saturated lanes stay so
+        if group == NEON_INT32_LANES:
+            y = Shuffle([y, y], [IntImm("int32", i) for i in range(INT16_LANES)])
+        narrowed = _llvm(_vec("int8", INT16_LANES), SQXTN, y)
+        if hi < INT8_MAX:
+            narrowed = tirx.min(narrowed, _const(hi, "int8", INT16_LANES))
+        if lo > INT8_MIN:
+            narrowed = tirx.max(narrowed, _const(lo, "int8", INT16_LANES))
+        if group == NEON_INT32_LANES:  # its 4 bytes as one int32: LLVM widens an int8x4
+            word = Shuffle([tirx.reinterpret("int32x2", narrowed)], [IntImm("int32", 0)])
+            narrowed = tirx.reinterpret(_vec("int8", group), word)
+        parts.append(narrowed)
+    return parts[0] if len(parts) == 1 else \
+        Shuffle(parts, [IntImm("int32", i) for i in range(lanes)])
 
 
 def lower_s8_aarch64(call):
-    """``llvm.aarch64.FLowerIntrinsic`` of requantize_s8: ``_aarch64_s8`` for whole int16x8
-    registers and shifts whose range ``_s8_split`` accepts; else ``call`` itself (to the
-    default rule)."""
+    """``llvm.aarch64.FLowerIntrinsic`` of requantize_s8: ``_aarch64_s8`` for vectors of
+    whole int32x4 registers and shifts whose range ``_s8_split`` accepts; else ``call``
+    itself (to the default rule)."""
     if _portable.get():
         return call
     x, m, s, zp, lo, hi = _s8_operands(call)
     lanes = _lanes(call)
-    if lanes % INT16_LANES:
+    if lanes % NEON_INT32_LANES:
         return call
     s_min, s_max = _shift_bounds(s)
     k = _s8_split(-s_max, -s_min)
