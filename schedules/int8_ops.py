@@ -570,15 +570,13 @@ def requantize_func(shape, in_q, out_q, in_dtype: str = "int8", out_dtype: str =
     to rescale)."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls
-
     p = requantize_params(in_q, out_q, in_dtype, out_dtype)
     info = np.iinfo(out_dtype)
     x = te.placeholder(tuple(shape), in_dtype, "x")
 
     def element(*idx):
-        r = qmuls(x[idx].astype("int32") - p.in_zp, p.multiplier, Q31, p.shift) + p.out_zp
-        return _clamp_cast(r, int(info.min), int(info.max), out_dtype)
+        return _requantized(x[idx].astype("int32") - p.in_zp, p.multiplier, p.shift,
+                            p.out_zp, (int(info.min), int(info.max)), out_dtype)
 
     out = te.compute(tuple(shape), element, name="requantize")
     return finish_func((x, out), schedule, elementwise_schedule)
@@ -656,8 +654,6 @@ def mean_func(in_shape, axes, keepdims: bool, in_q, out_q, dtype: str = "int8", 
     axes (1, 2) of NHWC, keep_dims true; Keras' GlobalAveragePooling2D gives false."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls
-
     in_shape = tuple(int(n) for n in in_shape)
     axes = _normalize_axes(axes, len(in_shape), "MEAN")
     count = int(np.prod([in_shape[a] for a in axes]))
@@ -679,8 +675,8 @@ def mean_func(in_shape, axes, keepdims: bool, in_q, out_q, dtype: str = "int8", 
     def element(*o):
         k = [o[d] for d in kept] if keepdims else list(o)
         shifted = sums[tuple(k)] - p.in_zp * count  # sum of (x - zp_in); fits int32
-        r = qmuls(shifted, p.multiplier, Q31, p.shift) + p.out_zp
-        return _clamp_cast(r, int(info.min), int(info.max), dtype)
+        return _requantized(shifted, p.multiplier, p.shift, p.out_zp,
+                            (int(info.min), int(info.max)), dtype)
 
     out = te.compute(out_shape, element, name="mean")
     last_kept = bool(kept) and kept[-1] == len(in_shape) - 1
