@@ -125,10 +125,10 @@ SQXTN = "llvm.aarch64.neon.sqxtn"  # saturating narrow
 SQRSHRN = "llvm.aarch64.neon.sqrshrn"  # saturating narrow by an immediate rounding shift
 SQADD = "llvm.aarch64.neon.sqadd"
 
-REQUANT_S8_OP = "tvm_armq.requantize_s8"  # clamp(qmuls(x, m, 31, s) + zp, lo, hi) as int8
+REQUANT_NARROW_OP = "tvm_armq.requantize_narrow"  # clamp(qmuls(x, m, 31, s) + zp, lo, hi) as int8
 INT16_LANES = 8  # int16 lanes in one 128-bit NEON register
 NARROW_SHIFT_MAX = 16  # sqshrn's immediate from int32 to int16: 1..16
-S8_SHIFT_SPREAD = 7  # the most an int16 lane is rounded right after its saturating narrow
+NARROW_SHIFT_SPREAD = 7  # the most an int16 lane is rounded right after its saturating narrow
 INT8_MIN, INT8_MAX = -128, 127
 
 _portable = contextvars.ContextVar("tvm_armq_qmuls_portable", default=False)
@@ -243,15 +243,15 @@ def requantize(x, m, s, out_zp: int, lo: int, hi: int, rounding: str = "double")
     return tirx.max(tirx.min(r, hi), lo)
 
 
-def requantize_s8(x, m, s, out_zp: int, lo: int, hi: int):
+def requantize_narrow(x, m, s, out_zp: int, lo: int, hi: int):
     """``requantize(x, m, s, out_zp, lo, hi)`` (double rounding) narrowed to int8, as one
-    op (``REQUANT_S8_OP``): the same values. On aarch64, in whole int16x8 registers and
+    op (``REQUANT_NARROW_OP``): the same values. On aarch64, in whole int16x8 registers and
     with the shift's range known (``bounded_shift`` with both bounds), the rounding shift,
     the zero point and the clamp run on 16-bit lanes after a saturating narrow
-    (``_aarch64_s8``); otherwise it is ``requantize`` and a cast."""
+    (``_aarch64_narrow``); otherwise it is ``requantize`` and a cast."""
     call = qmuls(x, m, Q31, s)  # checks and broadcasts the operands
     x, m, _, s = call.args
-    return tirx.call_intrin(_vec("int8", _lanes(x)), REQUANT_S8_OP, x, m, s,
+    return tirx.call_intrin(_vec("int8", _lanes(x)), REQUANT_NARROW_OP, x, m, s,
                             *(IntImm("int32", int(v)) for v in (out_zp, lo, hi)))
 
 
@@ -260,8 +260,8 @@ def bounded_shift(s, max_shift: int | None, min_shift: int | None = None):
     most ``max_shift`` (and at least ``min_shift``). It becomes ``min(s, max_shift)``
     (``max(min(s, max_shift), min_shift)``), which equals ``s`` for those values and whose
     bounds the aarch64 lowering reads (``_shift_bounds``): at most 0, no left shift; at
-    most -1, a cheaper rounding fixup; both bounds within ``S8_SHIFT_SPREAD``, the int8
-    narrowing of ``requantize_s8``. ``None`` or a bound above 0 changes nothing. A func
+    most -1, a cheaper rounding fixup; both bounds within ``NARROW_SHIFT_SPREAD``, the int8
+    narrowing of ``requantize_narrow``. ``None`` or a bound above 0 changes nothing. A func
     built so must only be given such shifts (its ``pack_params`` checks)."""
     if max_shift is None or max_shift > 0:
         return s
@@ -446,39 +446,39 @@ def lower_aarch64(call):
     return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
 
 
-# ------------------------------------------------------ requantize_s8 (int8 result)
-def _s8_operands(call):
+# ------------------------------------------------------ requantize_narrow (int8 result)
+def _narrow_operands(call):
     x, m, s, zp, lo, hi = call.args
     return x, m, s, int(zp.value), int(lo.value), int(hi.value)
 
 
-def lower_s8_portable(call):
-    """``default.FLowerIntrinsic`` of requantize_s8: ``requantize`` and a cast (its qmuls
+def lower_narrow_portable(call):
+    """``default.FLowerIntrinsic`` of requantize_narrow: ``requantize`` and a cast (its qmuls
     calls are lowered in turn)."""
-    x, m, s, zp, lo, hi = _s8_operands(call)
+    x, m, s, zp, lo, hi = _narrow_operands(call)
     return Cast(call.ty.dtype, requantize(x, m, s, zp, lo, hi))
 
 
-def _s8_split(r_min: int, r_max: int) -> int | None:
+def _narrow_split(r_min: int, r_max: int) -> int | None:
     """k for the int8 narrowing of right shifts in [r_min, r_max], or None: the int32
     value is shifted right by k (truncating, k <= r_min - 1, so the rounding bits stay)
     and saturated to int16, and the rest of each lane's shift, r - k, is a rounding shift
     of the int16 value. A saturated lane (|v >> k| >= 2**15) then gives at least 256 in
-    magnitude after the rest (r - k <= S8_SHIFT_SPREAD), beyond any zero point and clamp,
+    magnitude after the rest (r - k <= NARROW_SHIFT_SPREAD), beyond any zero point and clamp,
     as the exact value does."""
     if r_min < 1:
         return None
     k = min(r_min - 1, NARROW_SHIFT_MAX)
-    return k if r_max - k <= S8_SHIFT_SPREAD else None
+    return k if r_max - k <= NARROW_SHIFT_SPREAD else None
 
 
-def _aarch64_s8(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform: int | None):
+def _aarch64_narrow(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform: int | None):
     """sqrdmulh (+ the ties-away fixup unless under a ReLU floor) per int32x4; then per
     int16x8 (or int16x4, for a vector of 4 lanes) either (one right shift r for every lane,
     ``uniform``, 1 <= r <= 16) a saturating rounding narrow by r (sqrshrn), or a
     saturating narrow by k (sqshrn, or sqxtn for k = 0) and a rounding shift right by
     r - k (srshl by the lane's shift + k); the zero point, a saturating narrow to int8;
-    then the clamp on int8 lanes. Values: ``_s8_split``. A 4-lane vector narrows its
+    then the clamp on int8 lanes. Values: ``_narrow_split``. A 4-lane vector narrows its
     int16x4 doubled to int16x8 (sqxtn reads one whole register: no other register's lanes
     enter, as they would through LLVM's uzp1 of an undefined half)."""
     group = INT16_LANES if lanes % INT16_LANES == 0 else NEON_INT32_LANES
@@ -521,29 +521,29 @@ def _aarch64_s8(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, uniform:
         Shuffle(parts, [IntImm("int32", i) for i in range(lanes)])
 
 
-def lower_s8_aarch64(call):
-    """``llvm.aarch64.FLowerIntrinsic`` of requantize_s8: ``_aarch64_s8`` for vectors of
-    whole int32x4 registers and shifts whose range ``_s8_split`` accepts; else ``call``
+def lower_narrow_aarch64(call):
+    """``llvm.aarch64.FLowerIntrinsic`` of requantize_narrow: ``_aarch64_narrow`` for vectors of
+    whole int32x4 registers and shifts whose range ``_narrow_split`` accepts; else ``call``
     itself (to the default rule)."""
     if _portable.get():
         return call
-    x, m, s, zp, lo, hi = _s8_operands(call)
+    x, m, s, zp, lo, hi = _narrow_operands(call)
     lanes = _lanes(call)
     if lanes % NEON_INT32_LANES:
         return call
     s_min, s_max = _shift_bounds(s)
-    k = _s8_split(-s_max, -s_min)
+    k = _narrow_split(-s_max, -s_min)
     if k is None:
         return call
     uniform = -s_max if s_min == s_max and -s_max <= NARROW_SHIFT_MAX else None
-    return _aarch64_s8(x, m, s, zp, lo, hi, lanes, k, uniform)
+    return _aarch64_narrow(x, m, s, zp, lo, hi, lanes, k, uniform)
 
 
 # ------------------------------------------------------------------- registration
 def _register() -> None:
     """Create the ops and their lowering rules; a second import changes nothing."""
     rules = {**{name: (lower_portable, lower_aarch64) for name in (*OP_NAMES.values(), RELU_OP)},
-             REQUANT_S8_OP: (lower_s8_portable, lower_s8_aarch64)}
+             REQUANT_NARROW_OP: (lower_narrow_portable, lower_narrow_aarch64)}
     for name, (portable, aarch64) in rules.items():
         if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
             continue
@@ -556,5 +556,5 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_s8", "REQUANT_S8_OP", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
+__all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
            "requant"]

@@ -269,11 +269,11 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     Stages as in the module docstring; ``act_range`` is the clamp (fused ReLU/ReLU6).
     ``int16_pairs``: two taps' products summed in int16 (weights in [-127, 127]);
     ``max_shift``, ``min_shift``: the largest and smallest shift of any channel, None if
-    unknown (module docstring); with both, the int8 narrowing of ``qmuls.requantize_s8``.
+    unknown (module docstring); with both, the int8 narrowing of ``qmuls.requantize_narrow``.
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_s8
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_narrow
 
     s = shape
     cb = channel_block or default_channel_block(s)
@@ -324,7 +324,7 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
 
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
-        return requantize_s8(x, mult[oc].asobject(),
+        return requantize_narrow(x, mult[oc].asobject(),
                              bounded_shift(shift[oc].asobject(), max_shift, min_shift),
                              out_zp, lo, hi)
 

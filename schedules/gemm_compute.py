@@ -312,7 +312,7 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     caller must then pass no larger one): at most 0 drops the epilogue's per-channel left
     shift, at most -1 also shortens its rounding (``qmuls.bounded_shift``). With
     ``min_shift`` (the smallest) too, an int8 output with double rounding narrows in
-    16-bit lanes (``qmuls.requantize_s8``).
+    16-bit lanes (``qmuls.requantize_narrow``).
 
     ``rounding``: the requantization's (``qmuls``): "double" as TFLite's CONV_2D,
     "single" as its int8 FULLY_CONNECTED (measured against TFLite's reference kernels:
@@ -327,7 +327,7 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     """
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize, requantize_s8
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize, requantize_narrow
 
     _, nr, kr = plan.main.tile
     s, G = plan.shape, plan.shape.groups
@@ -367,7 +367,7 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
                 x = x - row_sum[first + m, g] * w_zp
             x = x + bias[c]
             if out_dtype == "int8" and rounding == "double":
-                return requantize_s8(x, mult[c].asobject(),
+                return requantize_narrow(x, mult[c].asobject(),
                                      bounded_shift(shift[c].asobject(), max_shift, min_shift),
                                      out_zp, lo, hi)
             r = requantize(x, mult[c].asobject(),

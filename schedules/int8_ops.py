@@ -362,11 +362,11 @@ def _clamp_cast(x, lo: int, hi: int, dtype: str):
 
 def _requantized(x, multiplier: int, shift: int, zp: int, act_range, dtype: str):
     """``clamp(qmuls(x, multiplier, 31, shift) + zp)`` to ``act_range`` as ``dtype``: int8
-    through ``qmuls.requantize_s8`` (16-bit lanes after a saturating narrow on aarch64)."""
-    from tvm_armq.intrinsics.qmuls import requantize, requantize_s8
+    through ``qmuls.requantize_narrow`` (16-bit lanes after a saturating narrow on aarch64)."""
+    from tvm_armq.intrinsics.qmuls import requantize, requantize_narrow
 
     if dtype == "int8":
-        return requantize_s8(x, multiplier, shift, zp, *act_range)
+        return requantize_narrow(x, multiplier, shift, zp, *act_range)
     return requantize(x, multiplier, shift, zp, *act_range).astype(dtype)
 
 

@@ -1,7 +1,7 @@
-"""``qmuls.requantize_s8``: ``clamp(qmuls(x, m, 31, s) + zp, lo, hi)`` as int8, bit-exact
+"""``qmuls.requantize_narrow``: ``clamp(qmuls(x, m, 31, s) + zp, lo, hi)`` as int8, bit-exact
 against TFLite's arithmetic (``requant.multiply_by_quantized_multiplier``) on x86 (the
 default rule) and on the emulated device, where the shift's range picks the 16-bit forms
-(``_s8_split``): one shift for every lane (sqrshrn), a spread of shifts (sqshrn by the
+(``_narrow_split``): one shift for every lane (sqrshrn), a spread of shifts (sqshrn by the
 smallest less one, srshl by the rest), a spread too wide for them (the int32 form), and a
 shift past sqshrn's 16. Accumulators include exact ties of both roundings and values whose
 16-bit narrow saturates."""
@@ -64,7 +64,7 @@ def _kernel(name: str, lo_shift: int, hi_shift: int, zp: int, lo: int, hi: int,
         T.func_attr({"tir.noalias": True})
         for io in range(N // lanes):
             for ii in T.vectorized(lanes):
-                Y[io * lanes + ii] = q.requantize_s8(
+                Y[io * lanes + ii] = q.requantize_narrow(
                     X[io * lanes + ii], M[io * lanes + ii],
                     q.bounded_shift(S[io * lanes + ii], hi_shift, lo_shift), zp, lo, hi)
 
@@ -77,11 +77,11 @@ def _funcs():
 
 
 def test_split_of_shift_ranges():
-    assert q._s8_split(8, 8) == 7 and q._s8_split(1, 1) == 0
-    assert q._s8_split(6, 12) == 5  # rest 1..7
-    assert q._s8_split(2, 13) is None  # rest up to 12: a saturated lane could land in range
-    assert q._s8_split(17, 22) == 16  # sqshrn shifts at most 16
-    assert q._s8_split(0, 3) is None  # shift 0 (or a left shift): nothing to round
+    assert q._narrow_split(8, 8) == 7 and q._narrow_split(1, 1) == 0
+    assert q._narrow_split(6, 12) == 5  # rest 1..7
+    assert q._narrow_split(2, 13) is None  # rest up to 12: a saturated lane could land in range
+    assert q._narrow_split(17, 22) == 16  # sqshrn shifts at most 16
+    assert q._narrow_split(0, 3) is None  # shift 0 (or a left shift): nothing to round
 
 
 def test_host_default_rule_is_exact():
@@ -109,7 +109,7 @@ def test_on_device(run_funcs, level, tmp_path):
             expected.append(_expected(x, m, s, zp, lo, hi))
         # the cases reach the saturating narrow: some |x * m / 2**31| >> k are past int16
         assert (np.abs(x.astype(np.int64) * m >> 31) >> 16).any()
-    asm, outs = run_funcs(level, funcs, calls, tmp_path / "requantize_s8.so")
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "requantize_narrow.so")
     for (name, *_), want, got in zip(calls, expected, outs):
         np.testing.assert_array_equal(got, want, err_msg=f"{name} at {level}")
 
