@@ -93,6 +93,15 @@ they agree. So its aarch64 form is sqrdmulh, srshl, smax with zero: one instruct
 int32x4 fewer than qmuls and a clamp. ``requantize`` uses it where the output clamp's
 floor is at or above the output zero point (fused ReLU and ReLU6 put it exactly there),
 since every negative qmuls result lands on the floor then.
+
+The int8 output step: ``requantize_narrow``
+--------------------------------------------
+``requantize_narrow(x, m, s, zp, lo, hi)`` = ``clamp(qmuls(x, m, 31, s) + zp, lo, hi)`` as
+int8 (op ``tvm_armq.requantize_narrow``), the last step of every int8 kernel. Where the
+shift's range is known (``bounded_shift`` with both bounds, at most 7 apart, all right
+shifts) and the vector is whole int32x4 registers, aarch64 narrows first and finishes on
+16-bit lanes (``_aarch64_narrow``, ``_narrow_split``): half the cost of ``srshl`` and the
+clamp on int32 lanes in the A72, N1 and N2 models. Elsewhere it is ``requantize`` and a cast.
 """
 
 from __future__ import annotations
@@ -125,7 +134,8 @@ SQXTN = "llvm.aarch64.neon.sqxtn"  # saturating narrow
 SQRSHRN = "llvm.aarch64.neon.sqrshrn"  # saturating narrow by an immediate rounding shift
 SQADD = "llvm.aarch64.neon.sqadd"
 
-REQUANT_NARROW_OP = "tvm_armq.requantize_narrow"  # clamp(qmuls(x, m, 31, s) + zp, lo, hi) as int8
+# clamp(qmuls(x, m, 31, s) + zp, lo, hi) as int8
+REQUANT_NARROW_OP = "tvm_armq.requantize_narrow"
 INT16_LANES = 8  # int16 lanes in one 128-bit NEON register
 NARROW_SHIFT_MAX = 16  # sqshrn's immediate from int32 to int16: 1..16
 NARROW_SHIFT_SPREAD = 7  # the most an int16 lane is rounded right after its saturating narrow
@@ -556,5 +566,6 @@ def _register() -> None:
 
 _register()
 
-__all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP", "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64", "OP_NAMES", "Q31",
-           "requant"]
+__all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP",
+           "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64",
+           "OP_NAMES", "Q31", "requant"]
