@@ -550,22 +550,27 @@ def lower_narrow_aarch64(call):
 
 
 # ------------------------------------------------------------------- registration
+def register_lowered_op(name: str, lower_default, lower_aarch64_rule) -> None:
+    """Create the pure, vectorizable TIR op ``name`` with its ``default`` and
+    ``llvm.aarch64`` lowering rules (see the module); a second call changes nothing."""
+    if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
+        return
+    register_op_attr(name, "TCallEffectKind", CallEffectKind.Pure.value)
+    register_op_attr(name, "TVectorizable", True)
+    register_op_attr(name, "TScriptPrinterName", name)
+    tirx.register_intrin_lowering(name, "default", f=lower_default)
+    tirx.register_intrin_lowering(name, "llvm.aarch64", f=lower_aarch64_rule)
+
+
 def _register() -> None:
-    """Create the ops and their lowering rules; a second import changes nothing."""
-    rules = {**{name: (lower_portable, lower_aarch64) for name in (*OP_NAMES.values(), RELU_OP)},
-             REQUANT_NARROW_OP: (lower_narrow_portable, lower_narrow_aarch64)}
-    for name, (portable, aarch64) in rules.items():
-        if name in Op.list_op_names() and Op.get(name).has_attr("TCallEffectKind"):
-            continue
-        register_op_attr(name, "TCallEffectKind", CallEffectKind.Pure.value)
-        register_op_attr(name, "TVectorizable", True)
-        register_op_attr(name, "TScriptPrinterName", name)
-        tirx.register_intrin_lowering(name, "default", f=portable)
-        tirx.register_intrin_lowering(name, "llvm.aarch64", f=aarch64)
+    """Create the ops and their lowering rules."""
+    for name in (*OP_NAMES.values(), RELU_OP):
+        register_lowered_op(name, lower_portable, lower_aarch64)
+    register_lowered_op(REQUANT_NARROW_OP, lower_narrow_portable, lower_narrow_aarch64)
 
 
 _register()
 
 __all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP",
            "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64",
-           "OP_NAMES", "Q31", "requant"]
+           "register_lowered_op", "OP_NAMES", "Q31", "requant"]

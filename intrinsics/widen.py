@@ -12,7 +12,7 @@ product is one call on int16 operands, so the widening stays inside the multiply
 
     widening_mul(a, b)      a, b: int16 (or int16xN)    ->  int32 (int32xN), exact
 
-Lowering (``tvm.tirx.register_intrin_lowering``, as ``qmuls``):
+Lowering (registered as ``qmuls``' ops are, ``qmuls.register_lowered_op``):
 
 * ``default``: ``int32(a) * int32(b)``, correct on every target;
 * ``llvm.aarch64``: one ``llvm.aarch64.neon.smull.v4i32`` per four lanes (an int16x4 half
@@ -22,9 +22,9 @@ Lowering (``tvm.tirx.register_intrin_lowering``, as ``qmuls``):
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.ir import Op, register_op_attr
 from tvm.tirx import Broadcast, Cast, IntImm, Shuffle
-from tvm.tirx.expr import CallEffectKind
+
+from .qmuls import register_lowered_op
 
 OP_NAME = "tvm_armq.widening_mul"
 SMULL = "llvm.aarch64.neon.smull.v4i32"
@@ -82,15 +82,8 @@ def lower_aarch64(call):
 
 
 def _register() -> None:
-    """Create the op and its lowering rules; a second import changes nothing."""
-    if OP_NAME in Op.list_op_names() and Op.get(OP_NAME).has_attr("TCallEffectKind"):
-        return
-    register_op_attr(OP_NAME, "TCallEffectKind", CallEffectKind.Pure.value)
-    register_op_attr(OP_NAME, "TVectorizable", True)
-    register_op_attr(OP_NAME, "TScriptPrinterName", OP_NAME)
-    tirx.register_intrin_lowering(OP_NAME, "default", f=lower_default)
-    tirx.register_intrin_lowering(OP_NAME, "llvm.aarch64", f=lower_aarch64)
-
+    """Create the op and its lowering rules (``qmuls.register_lowered_op``)."""
+    register_lowered_op(OP_NAME, lower_default, lower_aarch64)
 
 _register()
 
