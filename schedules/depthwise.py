@@ -43,8 +43,14 @@ rounding shift on aarch64), then + zp_out, the activation clamp and the narrowin
 all on registers: no int32 tensor is written to memory. ``max_shift`` (the largest shift of
 the layer's channels, known at compile time) builds a form for it: at most 0
 (requantization scales below 1, what real layers have), no per-channel left shift (ushl);
-at most -1, also a one-instruction rounding fixup (``intrinsics.qmuls``).
-``pack_params`` refuses a larger shift than the func was built for.
+at most -1, also a one-instruction rounding fixup (``intrinsics.qmuls``). With
+``min_shift`` too, a kernel of at most ``NARROW_MAX_TAPS`` taps ends in
+``qmuls.requantize_narrow`` (the rounding shift, zero point and clamp on 16-bit lanes: half
+the cost on the core models). A 5x5 kernel keeps the int32 form: its 25 weight vectors
+already fill the registers, and the narrow form's hoisted shift and constant vectors made
+LLVM spill (EfficientNet-B1's 5x5 layers at dotprod, ``estimate``: 5.94e5 est. cycles with
+the int32 form, 6.36e5 narrowed; its 3x3 layers 4.57e5 -> 4.22e5 narrowed).
+``pack_params`` refuses a shift outside what the func was built for.
 
 Operands (``pack_params``, once, at compile time)
 -------------------------------------------------
@@ -151,6 +157,9 @@ def default_channel_block(shape: DepthwiseShape) -> int:
 # slower per pixel, and the border is most of a small map (5x5 s1 at 16x16x144 1.62,
 # 8x8x480 2.14, 4x4x672 2.52). Stride 2 keeps the input in place (5x5 s2 at 32x32x96 0.96).
 PADDED_COPY_MIN_TAPS = 10
+# The most taps a kernel may have for its output step to narrow to 16 bits first (module
+# docstring): 3x3 narrows, 5x5 keeps the int32 form, which spills less there.
+NARROW_MAX_TAPS = 9
 
 
 def default_padded_copy(shape: DepthwiseShape) -> bool:
@@ -322,10 +331,12 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     acc = te.compute((s.batch, s.out_h, s.out_w, mlt, cpad), acc_element, name="acc")
     lo, hi = act_range
 
+    narrow_below = min_shift if s.taps <= NARROW_MAX_TAPS else None  # see the module
+
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
         return requantize_narrow(x, mult[oc].asobject(),
-                             bounded_shift(shift[oc].asobject(), max_shift, min_shift),
+                             bounded_shift(shift[oc].asobject(), max_shift, narrow_below),
                              out_zp, lo, hi)
 
     if cpad == s.channels:

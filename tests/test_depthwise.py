@@ -48,6 +48,8 @@ class Case:
     small: bool = False  # tiny accumulators: scales above 1, positive (left) shifts
     padded_copy: bool | None = None  # multiplier 1: read a padded copy (None: the default)
     parallel_axis: str | None = None  # multiplier 1 in place: rows or channels (None: default)
+    narrow: bool = False  # built for its own shift range, as the compiler builds it: a 3x3
+    # kernel's output step then narrows to 16 bits (qmuls.requantize_narrow)
 
 
 def _same(h, w, k, s=1, d=1):
@@ -106,6 +108,17 @@ CASES = [
          in_zp=-1, out_zp=3, parallel_axis="channels"),
     Case("c64_3x3_same_rows", S(1, 6, 7, 64, padding=_same(6, 7, 3)), in_zp=50, out_zp=-4,
          parallel_axis="rows"),
+    # built for their shift range: the 16-bit output step (3x3: 8- and 4-lane vectors, ReLU6
+    # and none, stride 2, multiplier 2), and the 5x5 that keeps the int32 form
+    Case("c40_3x3_same_narrow", S(1, 7, 9, 40, padding=_same(7, 9, 3)), in_zp=-5, out_zp=9,
+         narrow=True),
+    Case("c24_3x3_s2_relu6_narrow", S(1, 10, 9, 24, strides=(2, 2),
+                                      padding=_same(10, 9, 3, 2)),
+         in_zp=12, out_zp=-128, act_range=(-128, 40), narrow=True),
+    Case("c16_m2_3x3_narrow", S(1, 6, 6, 16, multiplier=2, padding=_same(6, 6, 3)), in_zp=0,
+         out_zp=-7, narrow=True),
+    Case("c16_5x5_narrow_bounds", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
+         in_zp=-20, out_zp=3, narrow=True),
 ]
 
 
@@ -142,9 +155,15 @@ def _case_data(case: Case, seed: int):
     lo, hi = case.act_range
     expected = ref.requantize(acc, mult, shift, case.out_zp, lo, hi, "int8")
     args = [data] + dw.pack_params(weight, bias, mult, shift, s, in_zp=case.in_zp,
-                                   int16_pairs=case.int16_pairs,
-                                   max_shift=case.max_shift)
+                                   int16_pairs=case.int16_pairs, **_shift_bounds(case, shift))
     return args, expected
+
+
+def _shift_bounds(case: Case, shift) -> dict:
+    """The shift facts a case's func is built with: its own range for a ``narrow`` case."""
+    if case.narrow:
+        return dict(max_shift=int(shift.max()), min_shift=int(shift.min()))
+    return dict(max_shift=case.max_shift)
 
 
 def _pair_sums(case: Case, data, weight):
@@ -258,6 +277,7 @@ _VECTOR_ASM = {  # instruction -> operand arrangement: each must appear in vecto
     "saddw": r"\.4s, v\d+\.4s, v\d+\.4h",  # int16 -> int32 accumulation
     "sqrdmulh": r"\.4s, v\d+\.4s",  # the requantization (qmuls)
     "srshl": r"\.4s, v\d+\.4s",
+    "sqshrn": r"\.4h, v\d+\.4s",  # the 16-bit output step of the narrow cases
 }
 
 
@@ -266,11 +286,12 @@ def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     sequence in NEON vector form in the compiled module."""
     funcs, datasets, expected = {}, [], []
     for i, case in enumerate(CASES):
+        args, exp = _case_data(case, i)
         funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
-                                 max_shift=case.max_shift, padded_copy=case.padded_copy,
-                                 parallel_axis=case.parallel_axis)
-        args, exp = _case_data(case, i)
+                                 padded_copy=case.padded_copy,
+                                 parallel_axis=case.parallel_axis,
+                                 **_shift_bounds(case, args[4][:case.shape.out_c]))
         datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
     asm, outs = run_funcs(level, funcs, datasets, tmp_path / "depthwise.so")
