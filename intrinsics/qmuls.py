@@ -163,7 +163,8 @@ def _dtype(e):
     return e.ty.dtype
 
 
-def _lanes(e) -> int:
+def lanes_of(e) -> int:
+    """The lane count of a TIR expression (1 for a scalar)."""
     return int(_dtype(e).lanes)
 
 
@@ -223,7 +224,7 @@ def qmuls(x, m, q, s, rounding: str = "double"):
     _check_q(q)
     if isinstance(x, int):
         x = _const(x, "int32", 1)
-    lanes = _lanes(x)
+    lanes = lanes_of(x)
     x = _to_int32(x, lanes, "x")
     m = _to_int32(m, lanes, "the multiplier m")
     s = _to_int32(s, lanes, "the shift s")
@@ -255,13 +256,13 @@ def requantize(x, m, s, out_zp: int, lo: int, hi: int, rounding: str = "double")
 
 def requantize_narrow(x, m, s, out_zp: int, lo: int, hi: int):
     """``requantize(x, m, s, out_zp, lo, hi)`` (double rounding) narrowed to int8, as one
-    op (``REQUANT_NARROW_OP``): the same values. On aarch64, in whole int16x8 registers and
+    op (``REQUANT_NARROW_OP``): the same values. On aarch64, in whole int32x4 registers and
     with the shift's range known (``bounded_shift`` with both bounds), the rounding shift,
     the zero point and the clamp run on 16-bit lanes after a saturating narrow
     (``_aarch64_narrow``); otherwise it is ``requantize`` and a cast."""
     call = qmuls(x, m, Q31, s)  # checks and broadcasts the operands
     x, m, _, s = call.args
-    return tirx.call_intrin(_vec("int8", _lanes(x)), REQUANT_NARROW_OP, x, m, s,
+    return tirx.call_intrin(_vec("int8", lanes_of(x)), REQUANT_NARROW_OP, x, m, s,
                             *(IntImm("int32", int(v)) for v in (out_zp, lo, hi)))
 
 
@@ -286,7 +287,7 @@ def _operands(call):
         raise ValueError(f"{call.op.name} takes (x, m, q, s), got {len(call.args)} arguments")
     x, m, q, s = call.args
     _check_q(q)
-    lanes = _lanes(call)
+    lanes = lanes_of(call)
     _check_constant_shift(s, rounding)
     return (rounding, _to_int32(x, lanes, "x"), _to_int32(m, lanes, "the multiplier m"),
             _to_int32(s, lanes, "the shift s"), lanes)
@@ -420,12 +421,12 @@ def _aarch64_single(x, m, s, lanes: int, s_max: int = MAX_SHIFT["single"]):
     for start in range(0, lanes, NEON_INT64_LANES):
         idx = [IntImm("int32", start + i) for i in range(NEON_INT64_LANES)]
         halves.append(_llvm(_vec("int64", NEON_INT64_LANES), SRSHL,
-                            _take(product, idx), _take(amount, idx)))
+                            take_lanes(product, idx), take_lanes(amount, idx)))
     whole = Shuffle(halves, [IntImm("int32", i) for i in range(lanes)])
     return Cast(_vec("int32", lanes), whole)  # narrowing: uzp1, TFLite's static_cast
 
 
-def _take(e, idx):
+def take_lanes(e, idx):
     """Lanes ``idx`` of vector ``e`` (a splat stays a splat)."""
     if isinstance(e, Broadcast):
         return Broadcast(e.value, len(idx))
@@ -451,8 +452,8 @@ def lower_aarch64(call):
     pieces = []
     for start in range(0, lanes, NEON_INT32_LANES):
         idx = [IntImm("int32", start + i) for i in range(NEON_INT32_LANES)]
-        pieces.append(body(_take(x, idx), _take(m, idx), _take(s, idx), NEON_INT32_LANES,
-                           s_max))
+        pieces.append(body(take_lanes(x, idx), take_lanes(m, idx), take_lanes(s, idx),
+                           NEON_INT32_LANES, s_max))
     return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
 
 
@@ -500,7 +501,8 @@ def _aarch64_narrow(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, unif
         narrow = []
         for piece in range(start, start + group, NEON_INT32_LANES):
             idx = [IntImm("int32", piece + i) for i in range(NEON_INT32_LANES)]
-            h = _llvm(_vec("int32", NEON_INT32_LANES), SQRDMULH, _take(x, idx), _take(m, idx))
+            h = _llvm(_vec("int32", NEON_INT32_LANES), SQRDMULH, take_lanes(x, idx),
+                      take_lanes(m, idx))
             if not relu:  # -1 in negative lanes: the ties-up rounding becomes ties away
                 h = h + (h >> _const(SIGN_BIT, "int32", NEON_INT32_LANES))
             if uniform is not None:
@@ -513,7 +515,7 @@ def _aarch64_narrow(x, m, s, zp: int, lo: int, hi: int, lanes: int, k: int, unif
             Shuffle(narrow, [IntImm("int32", i) for i in range(group)])
         if uniform is None:
             idx = [IntImm("int32", start + i) for i in range(group)]
-            rest = Cast(i16, _take(s, idx) + _const(k, "int32", group))  # -(r - k)
+            rest = Cast(i16, take_lanes(s, idx) + _const(k, "int32", group))  # -(r - k)
             y = _llvm(i16, SRSHL, y, rest)
         y = _llvm(i16, SQADD, y, _const(zp, "int16", group))  # saturated lanes stay so
         if group == NEON_INT32_LANES:
@@ -538,7 +540,7 @@ def lower_narrow_aarch64(call):
     if _portable.get():
         return call
     x, m, s, zp, lo, hi = _narrow_operands(call)
-    lanes = _lanes(call)
+    lanes = lanes_of(call)
     if lanes % NEON_INT32_LANES:
         return call
     s_min, s_max = _shift_bounds(s)
@@ -573,4 +575,4 @@ _register()
 
 __all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP",
            "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64",
-           "register_lowered_op", "OP_NAMES", "Q31", "requant"]
+           "register_lowered_op", "lanes_of", "take_lanes", "OP_NAMES", "Q31", "requant"]

@@ -22,17 +22,13 @@ Lowering (registered as ``qmuls``' ops are, ``qmuls.register_lowered_op``):
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.tirx import Broadcast, Cast, IntImm, Shuffle
+from tvm.tirx import Cast, IntImm, Shuffle
 
-from .qmuls import register_lowered_op
+from .qmuls import lanes_of, register_lowered_op, take_lanes
 
 OP_NAME = "tvm_armq.widening_mul"
 SMULL = "llvm.aarch64.neon.smull.v4i32"
 SMULL_LANES = 4  # int32 lanes of one smull result register
-
-
-def _lanes(e) -> int:
-    return int(e.ty.dtype.lanes)
 
 
 def _as_int16(e, what: str):
@@ -44,18 +40,11 @@ def _as_int16(e, what: str):
 def widening_mul(a, b):
     """TIR expression for ``int32(a) * int32(b)`` of two int16 expressions (same lanes)."""
     a, b = _as_int16(a, "a"), _as_int16(b, "b")
-    lanes = _lanes(a)
-    if _lanes(b) != lanes:
-        raise TypeError(f"widening_mul: a has {lanes} lanes, b {_lanes(b)}")
+    lanes = lanes_of(a)
+    if lanes_of(b) != lanes:
+        raise TypeError(f"widening_mul: a has {lanes} lanes, b {lanes_of(b)}")
     dtype = "int32" if lanes == 1 else f"int32x{lanes}"
     return tirx.call_intrin(dtype, OP_NAME, a, b)
-
-
-def _take(e, start: int, count: int):
-    """Lanes [start, start + count) of vector ``e`` (a splat stays a splat)."""
-    if isinstance(e, Broadcast):
-        return Broadcast(e.value, count)
-    return Shuffle([e], [IntImm("int32", start + i) for i in range(count)])
 
 
 def lower_default(call):
@@ -68,14 +57,15 @@ def lower_default(call):
 def lower_aarch64(call):
     """``llvm.aarch64.FLowerIntrinsic``: smull per int32x4 piece; returns ``call`` itself
     (to the default rule) for lane counts that are not a multiple of four."""
-    lanes = _lanes(call)
+    lanes = lanes_of(call)
     if lanes % SMULL_LANES:
         return call
     a, b = call.args
-    pieces = [tirx.call_llvm_pure_intrin(f"int32x{SMULL_LANES}", SMULL,
-                                         _take(a, start, SMULL_LANES),
-                                         _take(b, start, SMULL_LANES))
-              for start in range(0, lanes, SMULL_LANES)]
+    pieces = []
+    for start in range(0, lanes, SMULL_LANES):
+        idx = [IntImm("int32", start + i) for i in range(SMULL_LANES)]
+        pieces.append(tirx.call_llvm_pure_intrin(f"int32x{SMULL_LANES}", SMULL,
+                                                 take_lanes(a, idx), take_lanes(b, idx)))
     if len(pieces) == 1:
         return pieces[0]
     return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])

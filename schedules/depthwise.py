@@ -336,8 +336,8 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     def requant_element(n, oh, ow, oc):
         x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
         return requantize_narrow(x, mult[oc].asobject(),
-                             bounded_shift(shift[oc].asobject(), max_shift, narrow_below),
-                             out_zp, lo, hi)
+                                 bounded_shift(shift[oc].asobject(), max_shift, narrow_below),
+                                 out_zp, lo, hi)
 
     if cpad == s.channels:
         out = te.compute((s.batch, s.out_h, s.out_w, s.out_c), requant_element, name="output")

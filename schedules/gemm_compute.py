@@ -367,9 +367,9 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
                 x = x - row_sum[first + m, g] * w_zp
             x = x + bias[c]
             if out_dtype == "int8" and rounding == "double":
-                return requantize_narrow(x, mult[c].asobject(),
-                                     bounded_shift(shift[c].asobject(), max_shift, min_shift),
-                                     out_zp, lo, hi)
+                return requantize_narrow(
+                    x, mult[c].asobject(),
+                    bounded_shift(shift[c].asobject(), max_shift, min_shift), out_zp, lo, hi)
             r = requantize(x, mult[c].asobject(),
                            bounded_shift(shift[c].asobject(), max_shift), out_zp, lo, hi,
                            rounding)
