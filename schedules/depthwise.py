@@ -1,4 +1,4 @@
-"""Quantized NHWC depthwise conv2d: channels in NEON lanes, widening multiply-accumulate.
+"""Quantized NHWC depthwise conv2d: channels in NEON lanes, widening multiply-accumulates or sdot.
 
 Read this first. TFLite's DEPTHWISE_CONV_2D with depth multiplier M computes output
 channel ``oc = c * M + m`` from input channel ``c`` alone:
@@ -37,6 +37,21 @@ accumulator (sum of (x - zp_in) * w, + bias), so it fits. ``int16_pairs=False`` 
 every product on its own (smull + saddw, exact for any int8 weights, 6 instead of 4
 instructions per tap per 16 channels); ``pack_weights`` refuses weights containing -128
 for the paired form, so the int16 sum can never wrap.
+
+Taps in fours through sdot (``lane_dots``, levels with +dotprod)
+------------------------------------------------------------------
+``sdot`` adds four int8 products into each int32 lane, exactly, and runs on both of the
+N1's and N2's vector pipes, where ``smull``/``smlal`` run on one. Its four bytes per lane
+must be four taps of one channel, so ``lane_dot.lane_dot4`` interleaves the four taps'
+vectors (8 zips per 16 channels; the weights' zips are loop-invariant and hoisted):
+
+    acc = bias_folded + dot(x[t0..t3], w[t0..t3]) + dot(x[t4..t7], w[t4..t7]) + ...
+
+and the taps left over (a 3x3's ninth, a 5x5's 25th) take the widening form above. Per 16
+channels of a 3x3 interior pixel: 16 zips + 8 sdot + 2 smull + 4 saddw against 18
+smull/smlal + 16 saddw, the multiplies all on one pipe: llvm-mca's neoverse-n1 prices
+the hot loop 27 cycles against 35 (MobileNetV2 1.0's depthwise layers at dotprod,
+``estimate``: 4.99e6 -> 3.97e6 est. cycles; at i8mm, neoverse-n2: 3.87e6 -> 3.65e6).
 
 Requantization is ``qmuls(acc, multiplier[oc], 31, shift[oc])`` per lane (sqrdmulh +
 rounding shift on aarch64), then + zp_out, the activation clamp and the narrowing to int8,
@@ -270,7 +285,8 @@ def pack_params(weight, bias, multiplier, shift, shape: DepthwiseShape, *, in_zp
 
 def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-128, 127),
                  channel_block: int | None = None, int16_pairs: bool = True,
-                 max_shift: int | None = None, min_shift: int | None = None):
+                 max_shift: int | None = None, min_shift: int | None = None,
+                 lane_dots: bool = False):
     """TE tensors of the depthwise conv2d: (inputs..., output) for ``te.create_prim_func``.
 
     Inputs: data NHWC [N, H, W, C] int8, weight_packed [kh, kw, M, C_pad] int8,
@@ -279,8 +295,13 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     ``int16_pairs``: two taps' products summed in int16 (weights in [-127, 127]);
     ``max_shift``, ``min_shift``: the largest and smallest shift of any channel, None if
     unknown (module docstring); with both, the int8 narrowing of ``qmuls.requantize_narrow``.
+    ``lane_dots``: taps in groups of four through ``lane_dot.lane_dot4`` (sdot; build it
+    only for a target with +dotprod), the taps left over as ``int16_pairs`` says.
     """
     from tvm import te, tirx
+
+    from tvm_armq.intrinsics.lane_dot import TAPS as DOT_TAPS
+    from tvm_armq.intrinsics.lane_dot import lane_dot4
 
     from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_narrow
 
@@ -310,17 +331,27 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     else:
         xp = data
 
-    def product(n, oh, ow, m, c, t):
+    def operands(n, oh, ow, m, c, t):
         ky, kx = divmod(t, s.kw)
-        x = xp[n, oh * sh + ky * dh, ow * sw + kx * dw, c]
-        return x.astype("int16") * weight[ky, kx, m, c].astype("int16")
+        return xp[n, oh * sh + ky * dh, ow * sw + kx * dw, c], weight[ky, kx, m, c]
+
+    def product(n, oh, ow, m, c, t):
+        x, w = operands(n, oh, ow, m, c, t)
+        return x.astype("int16") * w.astype("int16")
+
+    dotted = taps // DOT_TAPS * DOT_TAPS if lane_dots else 0
 
     def acc_element(n, oh, ow, m, c):
-        # The taps are written out (unrolled by construction), one int16 sum per group of
-        # ``group`` taps, each widened and added to the int32 accumulator, which starts
-        # at the folded bias: bias + int32(p0 + p1) + int32(p2 + p3) + ...
+        # The taps are written out (unrolled by construction). With lane_dots, groups of
+        # four go through lane_dot4 first: bias + dot(x0..x3, w0..w3) + ... Then one int16
+        # sum per group of ``group`` taps, each widened and added to the int32
+        # accumulator, which starts at the folded bias: + int32(p0 + p1) + ...
         total = bias[c * mlt + m]
-        for first in range(0, taps, group):
+        for first in range(0, dotted, DOT_TAPS):
+            pairs = [operands(n, oh, ow, m, c, t) for t in range(first, first + DOT_TAPS)]
+            total = lane_dot4(_expr(total),
+                              [_expr(x) for x, _ in pairs], [_expr(w) for _, w in pairs])
+        for first in range(dotted, taps, group):
             pair = None
             for t in range(first, min(first + group, taps)):
                 p = product(n, oh, ow, m, c, t)
@@ -347,6 +378,11 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
         out = te.compute((s.batch, s.out_h, s.out_w, s.out_c),
                          lambda n, oh, ow, oc: res[n, oh, ow, oc], name="output")
     return data, weight, bias, mult, shift, out
+
+
+def _expr(e):
+    """A TE element (TensorSlice) as a TIR expression."""
+    return e.asobject() if hasattr(e, "asobject") else e
 
 
 def depthwise_func(shape: DepthwiseShape, **kwargs):

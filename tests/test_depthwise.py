@@ -22,7 +22,7 @@ import pytest
 from armq_checks import assert_alive, function_asm
 
 from tvm_armq import targets
-from tvm_armq.intrinsics import requant
+from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import depthwise as dw
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.window import same_padding
@@ -50,6 +50,8 @@ class Case:
     parallel_axis: str | None = None  # multiplier 1 in place: rows or channels (None: default)
     narrow: bool = False  # built for its own shift range, as the compiler builds it: a 3x3
     # kernel's output step then narrows to 16 bits (qmuls.requantize_narrow)
+    lane_dots: bool = False  # taps in fours through sdot (lane_dot.lane_dot4): levels with
+    # +dotprod only
 
 
 def _same(h, w, k, s=1, d=1):
@@ -119,6 +121,23 @@ CASES = [
          out_zp=-7, narrow=True),
     Case("c16_5x5_narrow_bounds", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
          in_zp=-20, out_zp=3, narrow=True),
+    # taps in fours through sdot (and the ninth / 25th tap widened): in place and the
+    # padded copy, a remainder of 8 lanes (the default rule), multiplier 2, weights of
+    # -128 at the int8 extremes, per-product widening of the tap left over
+    Case("c32_3x3_same_dots", S(1, 7, 9, 32, padding=_same(7, 9, 3)), in_zp=-5, out_zp=9,
+         narrow=True, lane_dots=True),
+    Case("c24_3x3_s2_relu6_dots", S(1, 10, 9, 24, strides=(2, 2),
+                                    padding=_same(10, 9, 3, 2)),
+         in_zp=12, out_zp=-128, act_range=(-128, 40), narrow=True, lane_dots=True),
+    Case("c16_5x5_same_dots", S(1, 7, 6, 16, kh=5, kw=5, padding=_same(7, 6, 5)),
+         in_zp=-20, out_zp=3, narrow=True, lane_dots=True),
+    Case("c16_m2_3x3_dots", S(1, 6, 6, 16, multiplier=2, padding=_same(6, 6, 3)), in_zp=0,
+         out_zp=-7, lane_dots=True),
+    Case("c32_3x3_extremes_dots", S(1, 5, 6, 32, padding=(1, 1, 1, 1)), in_zp=127, out_zp=0,
+         extremes=True, int16_pairs=False, lane_dots=True),
+    Case("c48_3x3_d2_channels_dots", S(2, 9, 8, 48, dilation=(2, 2),
+                                       padding=_same(9, 8, 3, 1, 2)),
+         in_zp=-1, out_zp=3, parallel_axis="channels", lane_dots=True),
 ]
 
 
@@ -281,26 +300,36 @@ _VECTOR_ASM = {  # instruction -> operand arrangement: each must appear in vecto
 }
 
 
+def _cases(level: str) -> list[Case]:
+    """The cases a level runs: the sdot ones where the level has +dotprod."""
+    dots = kernels.target_has(targets.resolve(level), "has_dotprod")
+    return [c for c in CASES if dots or not c.lane_dots]
+
+
 def test_depthwise_on_device(run_funcs, level, tmp_path, report):
     """Every case, bit-exact, with the widening multiply-accumulates and the qmuls
-    sequence in NEON vector form in the compiled module."""
+    sequence in NEON vector form in the compiled module (and sdot where the level has it)."""
     funcs, datasets, expected = {}, [], []
-    for i, case in enumerate(CASES):
-        args, exp = _case_data(case, i)
+    cases = _cases(level)
+    for i, case in enumerate(cases):
+        args, exp = _case_data(case, CASES.index(case))
         funcs[case.name] = _func(case.shape, in_zp=case.in_zp, out_zp=case.out_zp,
                                  act_range=case.act_range, int16_pairs=case.int16_pairs,
                                  padded_copy=case.padded_copy,
-                                 parallel_axis=case.parallel_axis,
+                                 parallel_axis=case.parallel_axis, lane_dots=case.lane_dots,
                                  **_shift_bounds(case, args[4][:case.shape.out_c]))
         datasets.append((case.name, args, exp.shape, np.int8))
         expected.append(exp)
     asm, outs = run_funcs(level, funcs, datasets, tmp_path / "depthwise.so")
     for ins, operands in _VECTOR_ASM.items():
         assert re.search(rf"\b{ins}2?\s+v\d+{operands}", asm), f"no vector {ins} at {level}"
-    for case, got, exp in zip(CASES, outs, expected):
+    if len(cases) > len(CASES) - sum(c.lane_dots for c in CASES):
+        assert re.search(r"\bsdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b\n", asm), \
+            f"no vector-form sdot at {level}"
+    for case, got, exp in zip(cases, outs, expected):
         assert len(np.unique(exp)) > 8, "the case must exercise the output range"
         np.testing.assert_array_equal(got, exp, err_msg=f"{case.name} at {level}")
-    report(f"depthwise {level:8s} {len(CASES)} cases bit-exact")
+    report(f"depthwise {level:8s} {len(cases)} cases bit-exact")
 
 
 def test_parallel_axis_rule():
@@ -421,13 +450,17 @@ def test_depthwise_matches_tflite(run_funcs, level, zoo_model, tmp_path, report)
         inputs = [model.random_inputs(seed=seed)[0] for seed in range(2)]
         refs = [model.reference_outputs([x])[0] for x in inputs]
         # Both requantization forms: for any shift, and for the layer's largest one (what
-        # the compiler builds; these layers' shifts are all <= -1).
+        # the compiler builds; these layers' shifts are all <= -1); and where the level
+        # has +dotprod, what the compiler builds there: taps in fours through sdot.
         top = int(layer["shift"].max())
         assert top <= -1
-        for bound in (None, top):
-            sym = f"{name}_{'any' if bound is None else 'bounded'}_shift"
+        dots = kernels.target_has(targets.resolve(level), "has_dotprod")
+        for bound, lane_dots in ((None, False), (top, False), (top, True))[:3 if dots else 2]:
+            sym = (f"{name}_{'any' if bound is None else 'bounded'}_shift"
+                   f"{'_dots' if lane_dots else ''}")
             funcs[sym] = _func(s, in_zp=layer["in_zp"], out_zp=layer["out_zp"],
-                               act_range=layer["act_range"], max_shift=bound)
+                               act_range=layer["act_range"], max_shift=bound,
+                               lane_dots=lane_dots)
             params = dw.pack_params(layer["weight"], layer["bias"], layer["mult"],
                                     layer["shift"], s, in_zp=layer["in_zp"], max_shift=bound)
             for seed, (x, y) in enumerate(zip(inputs, refs)):

@@ -39,7 +39,8 @@ FLOAT_FALLBACK = {"log_softmax": 0.05}
 SINGLE_OPS = [n for n in zoo.names() if n not in NETS and n not in FLOAT_FALLBACK]
 SEEDS = (0, 1)
 # Integer paths no net of the zoo contains, and the (op, kernel) of the ``Lowered``
-# record each must leave in its model's compile report. concat_requant is what TFLite's
+# record each must leave in its model's compile report (a kernel given per level as
+# (level, kernel) pairs where the levels' kernels differ). concat_requant is what TFLite's
 # converter makes of a concatenation of differently scaled inputs: a standalone QUANTIZE
 # (int8 -> int8) requantizes one input, then a CONCATENATION of equally scaled tensors
 # copies (TFLite refuses an int8 CONCATENATION whose inputs' scales differ, so the pass's
@@ -55,7 +56,10 @@ INTEGER_PATHS = {
     # swish, x * LOGISTIC(x), is one table of x; squeeze-excite's gate a MUL
     "efficientnet_b1": {("logistic", "lut_s8_neon"), ("multiply", "lut_s8_neon"),
                         ("multiply", "multiply_s8_neon")},
-    "ds_cnn": {("depthwise_conv2d", "depthwise_s8s8s32_3x3_neon_pairs16"),
+    # a 3x3 depthwise: taps in fours through sdot where the level has it
+    "ds_cnn": {("depthwise_conv2d", (("neon", "depthwise_s8s8s32_3x3_neon_pairs16"),
+                                     ("dotprod", "depthwise_s8s8s32_3x3_dotprod"),
+                                     ("i8mm", "depthwise_s8s8s32_3x3_dotprod"))),
                ("mean", "mean_s8_neon")},
     "ssd_head": {("logistic", "lut_s8_neon"), ("concat", "concat_s8_neon")},
     "two_in_two_out": {("add", "add_s8_neon"), ("concat", "concat_s8_neon")},
@@ -131,7 +135,9 @@ def test_integer_path_runs_in_a_whole_model(outputs, level, name):
     assert name in SINGLE_OPS + NETS  # so test_model_is_bit_exact compares its outputs
     lowered = {(r.op, r.kernel) for r in outputs(level)[name].report
                if isinstance(r, Lowered)}
-    missing = INTEGER_PATHS[name] - lowered
+    wanted = {(op, dict(kernel)[level] if isinstance(kernel, tuple) else kernel)
+              for op, kernel in INTEGER_PATHS[name]}
+    missing = wanted - lowered
     assert not missing, f"{name} at {level}: {sorted(missing)} not in {sorted(lowered)}"
 
 

@@ -415,8 +415,14 @@ def _portable_gemm(layer: _Layer, label: str, shape, w_hwio, data, in_shape, out
 
 
 def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
-    """Depthwise conv2d as ``schedules.depthwise`` (one NEON schedule for every level)."""
+    """Depthwise conv2d as ``schedules.depthwise``: taps in fours through sdot where the
+    target has +dotprod (a single-level build), else NEON widening multiply-accumulates
+    (which a portable build runs on every level)."""
+    from tvm_armq.intrinsics import kernels
+    from tvm_armq.intrinsics.lane_dot import TAPS
     from tvm_armq.schedules import depthwise as dw
+
+    from .targets import portable_levels
 
     b, h, w, c = shape_of(layer.x)
     _, kh, kw, n = layer.weight.shape
@@ -426,14 +432,19 @@ def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
     # the requantization is built for the layer's largest shift (as in _gemm_kernel).
     options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()),
                    min_shift=int(shift.min()))
+    lane_dots = (shape.taps >= TAPS and portable_levels(opts.target) is None
+                 and kernels.target_has(opts.target, "has_dotprod"))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
-                             act_range=layer.act_range, **options)
+                             act_range=layer.act_range, lane_dots=lane_dots, **options)
     scheduled = dw.schedule_depthwise(func, shape) if opts.schedule else func
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
-    record = Lowered(layer.op, label, (b, h, w, c), layer.out_shape,
-                     names.kernel_name("depthwise", ("int8", "int8", "int32"), "neon", (kh, kw),
-                                       "pairs16" if options["int16_pairs"] else None))
+    if lane_dots:
+        name = names.kernel_name("depthwise", ("int8", "int8", "int32"), "dotprod", (kh, kw))
+    else:
+        name = names.kernel_name("depthwise", ("int8", "int8", "int32"), "neon", (kh, kw),
+                                 "pairs16" if options["int16_pairs"] else None)
+    record = Lowered(layer.op, label, (b, h, w, c), layer.out_shape, name)
     return _KernelCall(scheduled, layer.op, [layer.x], consts,
                        (b, shape.out_h, shape.out_w, n), record)
 
