@@ -47,7 +47,8 @@ vectors (8 zips per 16 channels; the weights' zips are loop-invariant and hoiste
 
     acc = bias_folded + dot(x[t0..t3], w[t0..t3]) + dot(x[t4..t7], w[t4..t7]) + ...
 
-and the taps left over (a 3x3's ninth, a 5x5's 25th) take the widening form above. Per 16
+and the taps left over (a 3x3's ninth) take the widening form above (kernels of at most
+``DOT_MAX_TAPS`` taps; a 5x5 keeps the widening form). Per 16
 channels of a 3x3 interior pixel: 16 zips + 8 sdot + 2 smull + 4 saddw against 18
 smull/smlal + 16 saddw, the multiplies all on one pipe: llvm-mca's neoverse-n1 prices
 the hot loop 27 cycles against 35 (MobileNetV2 1.0's depthwise layers at dotprod,
@@ -175,6 +176,10 @@ PADDED_COPY_MIN_TAPS = 10
 # The most taps a kernel may have for its output step to narrow to 16 bits first (module
 # docstring): 3x3 narrows, 5x5 keeps the int32 form, which spills less there.
 NARROW_MAX_TAPS = 9
+# The most taps a kernel may have for its taps to go through sdot (``lane_dots``): a 5x5's
+# six groups of interleaved weights would take 24 registers, and LLVM needs 16 s to 2
+# minutes to compile one such layer (0.7 s for a 3x3), so a 5x5 keeps the widening form.
+DOT_MAX_TAPS = 9
 
 
 def default_padded_copy(shape: DepthwiseShape) -> bool:

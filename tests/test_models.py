@@ -54,8 +54,10 @@ INTEGER_PATHS = {
     "mobilenet_v3_small": {("hard_swish", "lut_s8_neon"), ("multiply", "multiply_s8_neon")},
     "densenet121": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
     # swish, x * LOGISTIC(x), is one table of x; squeeze-excite's gate a MUL
+    # and its 5x5 depthwise layers keep the widening form at every level (DOT_MAX_TAPS)
     "efficientnet_b1": {("logistic", "lut_s8_neon"), ("multiply", "lut_s8_neon"),
-                        ("multiply", "multiply_s8_neon")},
+                        ("multiply", "multiply_s8_neon"),
+                        ("depthwise_conv2d", "depthwise_s8s8s32_5x5_neon_pairs16")},
     # a 3x3 depthwise: taps in fours through sdot where the level has it
     "ds_cnn": {("depthwise_conv2d", (("neon", "depthwise_s8s8s32_3x3_neon_pairs16"),
                                      ("dotprod", "depthwise_s8s8s32_3x3_dotprod"),

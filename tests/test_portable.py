@@ -60,6 +60,18 @@ def test_every_gemm_layer_carries_a_kernel_per_level(portable_libs):
             assert isas[-1] != isas[0], r.line()
 
 
+def test_every_depthwise_layer_carries_a_kernel_per_level(portable_libs):
+    """MobileNetV1 0.25's depthwise layers: NEON widening multiply-accumulates at neon,
+    taps through sdot at dotprod and i8mm (each run bit-exact above)."""
+    model, _, report = portable_libs["mobilenet_v1_0.25"]
+    layers = [r for r in report if r.op == "depthwise_conv2d"]
+    assert len(layers) == 13
+    for r in layers:
+        assert r.variants == ("depthwise_s8s8s32_3x3_neon_pairs16",
+                              "depthwise_s8s8s32_3x3_dotprod",
+                              "depthwise_s8s8s32_3x3_dotprod"), r.line()
+
+
 def test_kernels_compile_in_the_library_as_they_do_alone():
     """A level's library holds its GEMMs as each compiles on its own. TVM's LLVM code
     generator can spread one function's missing ``tirx.noalias`` to the others of a module;

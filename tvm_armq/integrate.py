@@ -416,37 +416,68 @@ def _portable_gemm(layer: _Layer, label: str, shape, w_hwio, data, in_shape, out
 
 def _depthwise_kernel(layer: _Layer, label: str, opts: _Options):
     """Depthwise conv2d as ``schedules.depthwise``: taps in fours through sdot where the
-    target has +dotprod (a single-level build), else NEON widening multiply-accumulates
-    (which a portable build runs on every level)."""
+    target has +dotprod, else NEON widening multiply-accumulates; a portable build carries
+    the layer's kernel for each of its levels and a dispatcher, as its GEMMs do."""
+    from tvm_armq.schedules import depthwise as dw
+
+    from . import portable
+
+    b, h, w, c = shape_of(layer.x)
+    _, kh, kw, n = layer.weight.shape
+    shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **_conv_window(layer))
+    in_shape, out_shape = (b, h, w, c), (b, shape.out_h, shape.out_w, n)
+    if opts.variants is None or not opts.schedule:
+        func, name, consts = _depthwise_variant(layer, shape, opts.target, opts.schedule)
+        record = Lowered(layer.op, label, in_shape, layer.out_shape, name)
+        return _KernelCall(func, layer.op, [layer.x], consts, out_shape, record)
+    from .targets import resolve
+
+    built = {level: _depthwise_variant(layer, shape, resolve(level))
+             for level in opts.variants.levels}
+    arrays, index = portable.unique_consts({lvl: v[2] for lvl, v in built.items()})
+    calls = {level: (opts.variants.add(level, label, func, name),
+                     ["data", *(f"c{i}" for i in index[level]), "output"])
+             for level, (func, name, _) in built.items()}
+    kernels_ = tuple(v[1] for v in built.values())
+    func = portable.dispatcher([("data", in_shape, "int8")],
+                               [(f"c{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)],
+                               ("output", out_shape, "int8"), calls,
+                               {"tvm_armq.op": "depthwise_conv2d_portable",
+                                "tvm_armq.kernel": "+".join(kernels_)})
+    record = Lowered(layer.op, label, in_shape, layer.out_shape, kernels_[0], variants=kernels_)
+    return _KernelCall(func, layer.op, [layer.x], arrays, out_shape, record)
+
+
+def _depthwise_variant(layer: _Layer, shape, target, schedule: bool = True):
+    """The layer's depthwise kernel for ``target``: (func, kernel name, constants). Taps go
+    through sdot in fours (``lane_dot``) where the target has +dotprod."""
     from tvm_armq.intrinsics import kernels
     from tvm_armq.intrinsics.lane_dot import TAPS
     from tvm_armq.schedules import depthwise as dw
 
     from .targets import portable_levels
 
-    b, h, w, c = shape_of(layer.x)
-    _, kh, kw, n = layer.weight.shape
-    shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **_conv_window(layer))
     mult, shift = _requant(layer)
     # int16 pair sums are exact unless a weight is -128 (see schedules/depthwise.py);
     # the requantization is built for the layer's largest shift (as in _gemm_kernel).
     options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()),
                    min_shift=int(shift.min()))
-    lane_dots = (shape.taps >= TAPS and portable_levels(opts.target) is None
-                 and kernels.target_has(opts.target, "has_dotprod"))
+    lane_dots = (TAPS <= shape.taps <= dw.DOT_MAX_TAPS and portable_levels(target) is None
+                 and kernels.target_has(target, "has_dotprod"))
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, lane_dots=lane_dots, **options)
-    scheduled = dw.schedule_depthwise(func, shape) if opts.schedule else func
+    if schedule:
+        func = dw.schedule_depthwise(func, shape)
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
+    _, kh, kw, _ = layer.weight.shape
+    types = ("int8", "int8", "int32")
     if lane_dots:
-        name = names.kernel_name("depthwise", ("int8", "int8", "int32"), "dotprod", (kh, kw))
+        name = names.kernel_name("depthwise", types, "dotprod", (kh, kw))
     else:
-        name = names.kernel_name("depthwise", ("int8", "int8", "int32"), "neon", (kh, kw),
+        name = names.kernel_name("depthwise", types, "neon", (kh, kw),
                                  "pairs16" if options["int16_pairs"] else None)
-    record = Lowered(layer.op, label, (b, h, w, c), layer.out_shape, name)
-    return _KernelCall(scheduled, layer.op, [layer.x], consts,
-                       (b, shape.out_h, shape.out_w, n), record)
+    return func, name, consts
 
 
 # ------------------------------------------------------------------ other int8 ops

@@ -1,9 +1,10 @@
-"""One library for every Arm CPU: each GEMM layer carries a kernel per ISA level and the
-CPU it runs on picks one.
+"""One library for every Arm CPU: each GEMM and depthwise layer carries a kernel per ISA
+level and the CPU it runs on picks one.
 
 Read this first. A ``portable`` build (``targets.portable()``; ``compile --isa portable``)
 compiles the whole model for the baseline level, neon, so every instruction outside the
-GEMM kernels runs on any Armv8.0 CPU. Each conv2d / dense layer becomes three functions:
+GEMM and depthwise kernels runs on any Armv8.0 CPU. Each conv2d / dense layer becomes three
+functions (a depthwise layer alike, its kernel built for each level: sdot from dotprod up):
 
     <layer>__<kernel of level L>   the layer's GEMM planned, scheduled and compiled for L
                                    alone (its own LLVM module with L's target features: no
@@ -94,7 +95,8 @@ int32_t tvm_armq_level(void) {{
 
 @dataclasses.dataclass
 class Variant:
-    """One level's function of a GEMM layer: compiled into that level's module."""
+    """One level's function of a GEMM or depthwise layer: compiled into that level's
+    module."""
 
     level: str
     symbol: str
