@@ -29,7 +29,7 @@ from __future__ import annotations
 from tvm import tirx
 from tvm.tirx import Cast, IntImm, Shuffle
 
-from .qmuls import lanes_of, register_lowered_op, take_lanes
+from .qmuls import join_lanes, lane_range, lanes_of, register_lowered_op, take_lanes
 
 OP_NAME = "tvm_armq.lane_dot4"
 SDOT = "llvm.aarch64.neon.sdot.v4i32.v16i8"
@@ -95,14 +95,10 @@ def lower_aarch64(call):
         return call
     acc, *ops = call.args
     xs, ws = _interleaved(ops[:TAPS], lanes), _interleaved(ops[TAPS:], lanes)
-    pieces = []
-    for k, first in enumerate(range(0, lanes, SDOT_LANES)):
-        part = take_lanes(acc, [IntImm("int32", first + i) for i in range(SDOT_LANES)])
-        pieces.append(tirx.call_llvm_pure_intrin(f"int32x{SDOT_LANES}", SDOT, part,
-                                                 xs[k], ws[k]))
-    if len(pieces) == 1:
-        return pieces[0]
-    return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
+    return join_lanes([
+        tirx.call_llvm_pure_intrin(f"int32x{SDOT_LANES}", SDOT,
+                                   take_lanes(acc, lane_range(first, SDOT_LANES)), xs[k], ws[k])
+        for k, first in enumerate(range(0, lanes, SDOT_LANES))])
 
 
 def _register() -> None:

@@ -433,6 +433,19 @@ def take_lanes(e, idx):
     return Shuffle([e], idx)
 
 
+def lane_range(start: int, count: int) -> list:
+    """Lane indices start .. start + count - 1 (for ``take_lanes``)."""
+    return [IntImm("int32", start + i) for i in range(count)]
+
+
+def join_lanes(pieces: list):
+    """Vectors one after another as one vector: a lowering's register-sized pieces joined
+    back into the lanes of the call (one piece is itself)."""
+    if len(pieces) == 1:
+        return pieces[0]
+    return Shuffle(pieces, lane_range(0, sum(lanes_of(p) for p in pieces)))
+
+
 def lower_aarch64(call):
     """``llvm.aarch64.FLowerIntrinsic`` of qmuls; returns ``call`` itself to decline."""
     if _portable.get():
@@ -451,10 +464,10 @@ def lower_aarch64(call):
     # LLVM cannot split an int32x8 sqrdmulh: do one int32x4 register at a time.
     pieces = []
     for start in range(0, lanes, NEON_INT32_LANES):
-        idx = [IntImm("int32", start + i) for i in range(NEON_INT32_LANES)]
+        idx = lane_range(start, NEON_INT32_LANES)
         pieces.append(body(take_lanes(x, idx), take_lanes(m, idx), take_lanes(s, idx),
                            NEON_INT32_LANES, s_max))
-    return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
+    return join_lanes(pieces)
 
 
 # ------------------------------------------------------ requantize_narrow (int8 result)
@@ -575,4 +588,5 @@ _register()
 
 __all__ = ["qmuls", "qmuls_relu", "requantize", "requantize_narrow", "REQUANT_NARROW_OP",
            "RELU_OP", "bounded_shift", "portable_lowering", "lower_portable", "lower_aarch64",
-           "register_lowered_op", "lanes_of", "take_lanes", "OP_NAMES", "Q31", "requant"]
+           "register_lowered_op", "lanes_of", "take_lanes", "lane_range", "join_lanes",
+           "OP_NAMES", "Q31", "requant"]

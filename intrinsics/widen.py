@@ -22,9 +22,9 @@ Lowering (registered as ``qmuls``' ops are, ``qmuls.register_lowered_op``):
 from __future__ import annotations
 
 from tvm import tirx
-from tvm.tirx import Cast, IntImm, Shuffle
+from tvm.tirx import Cast
 
-from .qmuls import lanes_of, register_lowered_op, take_lanes
+from .qmuls import join_lanes, lane_range, lanes_of, register_lowered_op, take_lanes
 
 OP_NAME = "tvm_armq.widening_mul"
 SMULL = "llvm.aarch64.neon.smull.v4i32"
@@ -63,12 +63,10 @@ def lower_aarch64(call):
     a, b = call.args
     pieces = []
     for start in range(0, lanes, SMULL_LANES):
-        idx = [IntImm("int32", start + i) for i in range(SMULL_LANES)]
+        idx = lane_range(start, SMULL_LANES)
         pieces.append(tirx.call_llvm_pure_intrin(f"int32x{SMULL_LANES}", SMULL,
                                                  take_lanes(a, idx), take_lanes(b, idx)))
-    if len(pieces) == 1:
-        return pieces[0]
-    return Shuffle(pieces, [IntImm("int32", i) for i in range(lanes)])
+    return join_lanes(pieces)
 
 
 def _register() -> None:
