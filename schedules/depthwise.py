@@ -48,8 +48,8 @@ vectors (8 zips per 16 channels; the weights' zips are loop-invariant and hoiste
     acc = bias_folded + dot(x[t0..t3], w[t0..t3]) + dot(x[t4..t7], w[t4..t7]) + ...
 
 and the taps left over (a 3x3's ninth) take the widening form above (kernels of at most
-``DOT_MAX_TAPS`` taps; a 5x5 keeps the widening form). Per 16
-channels of a 3x3 interior pixel: 16 zips + 8 sdot + 2 smull + 4 saddw against 18
+``DOT_MAX_TAPS`` taps; a 5x5 keeps the widening form). Per 16 channels of a 3x3 interior
+pixel: 16 zips + 8 sdot + 2 smull + 4 saddw against 18
 smull/smlal + 16 saddw, the multiplies all on one pipe: llvm-mca's neoverse-n1 prices
 the hot loop 27 cycles against 35 (MobileNetV2 1.0's depthwise layers at dotprod,
 ``estimate``: 4.99e6 -> 3.97e6 est. cycles; at i8mm, neoverse-n2: 3.87e6 -> 3.65e6).
@@ -351,11 +351,11 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
         # four go through lane_dot4 first: bias + dot(x0..x3, w0..w3) + ... Then one int16
         # sum per group of ``group`` taps, each widened and added to the int32
         # accumulator, which starts at the folded bias: + int32(p0 + p1) + ...
-        total = bias[c * mlt + m]
+        total = bias[c * mlt + m].asobject()
         for first in range(0, dotted, DOT_TAPS):
             pairs = [operands(n, oh, ow, m, c, t) for t in range(first, first + DOT_TAPS)]
-            total = lane_dot4(_expr(total),
-                              [_expr(x) for x, _ in pairs], [_expr(w) for _, w in pairs])
+            total = lane_dot4(total, [x.asobject() for x, _ in pairs],
+                              [w.asobject() for _, w in pairs])
         for first in range(dotted, taps, group):
             pair = None
             for t in range(first, min(first + group, taps)):
@@ -383,11 +383,6 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
         out = te.compute((s.batch, s.out_h, s.out_w, s.out_c),
                          lambda n, oh, ow, oc: res[n, oh, ow, oc], name="output")
     return data, weight, bias, mult, shift, out
-
-
-def _expr(e):
-    """A TE element (TensorSlice) as a TIR expression."""
-    return e.asobject() if hasattr(e, "asobject") else e
 
 
 def depthwise_func(shape: DepthwiseShape, **kwargs):
