@@ -80,9 +80,8 @@ def op_macs(op: dict, fb_op, shape) -> int:
     """Multiply-accumulates of one op of the direct algorithm (0 for ops that have none).
 
     ``op`` is an entry of the interpreter's ops details, ``fb_op`` the flatbuffer's operator,
-    ``shape(i)`` a tensor's shape. Taps on padding are not counted, and TRANSPOSE_CONV counts
-    floor(k / stride) taps per output pixel and axis, no more than any output of a stride-s
-    transposed convolution receives: the bound stays a bound."""
+    ``shape(i)`` a tensor's shape. Taps on padding are not counted, nor TRANSPOSE_CONV's
+    products that land outside its output: what the phase split multiplies."""
     name, ins, outs = op["op_name"], [int(i) for i in op["inputs"]], op["outputs"]
     out = [int(s) for s in shape(int(outs[0]))] if len(outs) else []
     if name == "CONV_2D":  # weights OHWI, I = in_c / groups
@@ -95,13 +94,34 @@ def op_macs(op: dict, fb_op, shape) -> int:
         return int(np.prod(out)) * int(shape(ins[1])[-1])
     if name == "TRANSPOSE_CONV":  # inputs: output shape, weights OHWI, input
         _, kh, kw, ci = (int(s) for s in shape(ins[1]))
-        in_h, in_w = (int(s) for s in shape(ins[2])[1:3])
-        sh, sw = max(1, out[1] // in_h), max(1, out[2] // in_w)
-        return int(np.prod(out)) * (kh // sh) * (kw // sw) * ci
+        _, in_h, in_w, _ = (int(s) for s in shape(ins[2]))
+        return out[0] * out[3] * ci * scatter_macs(fb_op, (in_h, in_w), out[1:3], (kh, kw))
     return 0
 
 
-def model_macs(model: TFLiteModel) -> int:
+def scatter_macs(fb_op, in_hw, out_hw, k_hw) -> int:
+    """Multiply-accumulates per output channel (and image) of a TRANSPOSE_CONV: the (input
+    pixel, tap) pairs whose product lands inside the output, counted per axis. Input pixel
+    i and tap t land on output i * stride + t - before, where ``before`` is the padding of
+    the convolution that takes the output back to the input (TFLite's Prepare): half of
+    (in - 1) * stride + k - out, rounded down, for SAME; none for VALID."""
+    import tflite
+
+    opts = tflite.TransposeConvOptions()
+    opts.Init(fb_op.BuiltinOptions().Bytes, fb_op.BuiltinOptions().Pos)
+    same = opts.Padding() == tflite.Padding.SAME
+    macs = 1
+    for n, out, k, stride in zip(in_hw, out_hw, k_hw, (opts.StrideH(), opts.StrideW())):
+        before = max((n - 1) * stride + k - out, 0) // 2 if same else 0
+        # the taps of input i that land: before - i * stride <= t < out + before - i * stride
+        macs *= sum(max(0, min(k, out + before - i * stride) - max(0, before - i * stride))
+                    for i in range(n))
+    return macs
+
+
+def macs_by_op(model: TFLiteModel) -> dict[str, int]:
+    """Operator name -> multiply-accumulates of the model's ops of that name (the ops with
+    none left out)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
     it = Interpreter(model_content=model.data,
@@ -109,8 +129,16 @@ def model_macs(model: TFLiteModel) -> int:
     it.allocate_tensors()
     shapes = {d["index"]: d["shape"] for d in it.get_tensor_details()}
     graph = model.flatbuffer().Subgraphs(0)
-    return sum(op_macs(op, graph.Operators(int(op["index"])), shapes.__getitem__)
-               for op in it._get_ops_details())
+    found: dict[str, int] = {}
+    for op in it._get_ops_details():
+        macs = op_macs(op, graph.Operators(int(op["index"])), shapes.__getitem__)
+        if macs:
+            found[op["op_name"]] = found.get(op["op_name"], 0) + macs
+    return found
+
+
+def model_macs(model: TFLiteModel) -> int:
+    return sum(macs_by_op(model).values())
 
 
 def tflite_cycles(armperf: Path, model: TFLiteModel, level: str) -> float:

@@ -1,22 +1,58 @@
 """The multiply-accumulates the ceiling benchmark (scripts/mac_ceiling.py) counts per layer,
 against a count made another way: every (output pixel, tap) pair of the layer enumerated in
-2-D, its padding, strides and dilation read by ``tflite_layers.read_layer``."""
+2-D, with its strides, dilation and padding read from the flatbuffer's options and TF's
+SAME padding computed here from its definition (not by the helper the benchmark shares
+with the compiler); and TRANSPOSE_CONV's count against the products TFLite's scatter
+does inside the output, enumerated one by one."""
 
 from __future__ import annotations
 
+import math
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import mac_ceiling  # noqa: E402
+from test_transpose_conv import GEOMETRIES, _draw, _id, transpose_conv_model  # noqa: E402
 from tvm_armq import tflite_layers, zoo  # noqa: E402
 from tvm_armq.tflite_model import TFLiteModel  # noqa: E402
 
 
-def enumerated_macs(layer: tflite_layers.QuantLayer) -> int:
+def tf_same_before(in_size: int, k: int, stride: int, dilation: int) -> int:
+    """TF's SAME padding before the data on one axis: the output has ceil(in / stride)
+    positions, the padding the window needs to reach them all is split with the odd one
+    after."""
+    out = math.ceil(in_size / stride)
+    total = max((out - 1) * stride + (k - 1) * dilation + 1 - in_size, 0)
+    return total // 2
+
+
+def window_options(model: TFLiteModel):
+    """(strides, dilation, same) of the model's one CONV_2D or DEPTHWISE_CONV_2D, read
+    from its flatbuffer."""
+    import tflite
+
+    m = model.flatbuffer()
+    g = m.Subgraphs(0)
+    for i in range(g.OperatorsLength()):
+        op = g.Operators(i)
+        code = m.OperatorCodes(op.OpcodeIndex())
+        kind = max(code.BuiltinCode(), code.DeprecatedBuiltinCode())
+        cls = {tflite.BuiltinOperator.CONV_2D: tflite.Conv2DOptions,
+               tflite.BuiltinOperator.DEPTHWISE_CONV_2D: tflite.DepthwiseConv2DOptions}.get(kind)
+        if cls is not None:
+            o = cls()
+            o.Init(op.BuiltinOptions().Bytes, op.BuiltinOptions().Pos)
+            return ((o.StrideH(), o.StrideW()), (o.DilationHFactor(), o.DilationWFactor()),
+                    o.Padding() == tflite.Padding.SAME)
+    raise AssertionError("no convolution in the model")
+
+
+def enumerated_macs(model: TFLiteModel, layer: tflite_layers.QuantLayer) -> int:
     """Products of the layer's direct algorithm whose input is inside the tensor."""
     if layer.op == "FULLY_CONNECTED":  # [rows, N] = [rows, K] x [K, N]
         rows, n_out = layer.output_shape
@@ -24,8 +60,9 @@ def enumerated_macs(layer: tflite_layers.QuantLayer) -> int:
     n, out_h, out_w, out_c = layer.output_shape
     in_h, in_w = layer.input_shape[1:3]
     kh, kw = layer.weight.shape[1:3]
-    top, left = layer.padding[:2]
-    (sh, sw), (dh, dw) = layer.strides, layer.dilation
+    (sh, sw), (dh, dw), same = window_options(model)
+    top = tf_same_before(in_h, kh, sh, dh) if same else 0
+    left = tf_same_before(in_w, kw, sw, dw) if same else 0
     taps = 0
     for oh in range(out_h):
         for ow in range(out_w):
@@ -43,13 +80,47 @@ def enumerated_macs(layer: tflite_layers.QuantLayer) -> int:
 def test_macs_of_a_layer_are_its_in_bounds_products(name):
     model = TFLiteModel.load(zoo.build(name))
     layer = tflite_layers.read_layer(model)
-    expected = enumerated_macs(layer)
+    expected = enumerated_macs(model, layer)
     assert mac_ceiling.model_macs(model) == expected
-    if any(layer.padding):  # taps on the padding are left out of the count
+    if layer.op != "FULLY_CONNECTED" and window_options(model)[2]:
+        # taps on the padding are left out of the count
         n, out_h, out_w, out_c = layer.output_shape
         kh, kw = layer.weight.shape[1:3]
         per_tap = layer.weight.shape[-1] if layer.op == "CONV_2D" else 1
-        assert expected < n * out_h * out_w * out_c * kh * kw * per_tap
+        if kh > 1:
+            assert expected < n * out_h * out_w * out_c * kh * kw * per_tap
+
+
+def scattered_products(in_hw, k, s, out_hw, same: bool) -> int:
+    """Per output channel and input channel: the (input pixel, tap) pairs TFLite's
+    TRANSPOSE_CONV scatters inside the output, enumerated one by one. Its padding is the
+    convolution's that would take the output back to the input."""
+    per_axis = []
+    for n, kk, ss, out in zip(in_hw, k, s, out_hw):
+        before = max((n - 1) * ss + kk - out, 0) // 2 if same else 0
+        per_axis.append(sum(0 <= i * ss + t - before < out for i in range(n) for t in range(kk)))
+    return per_axis[0] * per_axis[1]
+
+
+@pytest.mark.parametrize("geometry", GEOMETRIES, ids=[_id(g) for g in GEOMETRIES])
+def test_transpose_conv_counts_the_products_that_land(geometry):
+    """Over every geometry of the phase-split sweep: the count is the products TFLite's
+    scatter does inside the output, no more (taps on the padding, the rows past a SAME
+    output) and no fewer."""
+    in_hw, k, s, same, extra = geometry
+    x, w, bias, out_hw, x_q, w_scales = _draw(np.random.default_rng(5), geometry)
+    oc, ic = w.shape[0], w.shape[-1]
+    model = TFLiteModel.load(transpose_conv_model(
+        x.shape, w, bias, (1, *out_hw, oc), x_q, w_scales, (0.05, 0), s, same, 0))
+    assert mac_ceiling.model_macs(model) == oc * ic * scattered_products(in_hw, k, s, out_hw,
+                                                                          same)
+
+
+def test_unet_counts_its_transpose_conv():
+    """The zoo's U-Net: its TRANSPOSE_CONV's products are part of the net's count."""
+    model = TFLiteModel.load(zoo.build("unet"))
+    per_op = mac_ceiling.macs_by_op(model)
+    assert per_op.get("TRANSPOSE_CONV", 0) > 0, per_op
 
 
 def test_a_net_counts_every_layer():
