@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import armperf_tool  # noqa: E402
 import bench_layers as bl  # noqa: E402  (the layer table and the kernel builder)
 
-MCA = "llvm-mca-19"
+MCA = "llvm-mca-22"  # the build ../shared/armperf (version 4) prices with
 MCA_ATTR = "+dotprod,+i8mm,+bf16,+fullfp16,+rcpc,+crc,+lse"  # as armperf
 ITERATIONS = 200
 CORE = {"neon": "cortex-a72", "dotprod": "neoverse-n1", "i8mm": "neoverse-n2"}

@@ -13,7 +13,8 @@ how many cycles a straight run of instructions takes on a core's scheduling mode
 2. ``Pricer`` decodes those bytes with llvm-mc (so ``sdot``, ``smmla``, ``bfmmla`` are
    instructions, not data) and prices each block with llvm-mca on the chosen core: cycles
    per execution in steady state (``Total Cycles`` of ``MCA_ITERATIONS`` back-to-back
-   executions, divided by that number), cached per core in ``$TVM_ARMQ_HOME/mca``.
+   executions, divided by that number), cached per core and llvm-mca build in
+   ``$TVM_ARMQ_HOME/mca``. Both are LLVM 22's (``LLVM_VERSION``), as armperf's are.
 3. ``Profile.cycles`` sums count x cycles per region. qemu ends a block at a page end or
    when its buffer is full, so one straight run of code can arrive as several blocks; such
    a chain is priced as the one sequence it is for the executions that run through it
@@ -35,6 +36,7 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import dataclasses
+import functools
 import hashlib
 import json
 import os
@@ -64,6 +66,10 @@ COVERAGE = 0.998  # share of executed instructions priced block by block
 # Decoding and pricing accept every instruction of the richest level: only code the
 # emulated CPU ran reaches them, and that CPU already refused what its level lacks.
 MC_ATTR = "+v8.6a,+dotprod,+i8mm,+bf16,+fullfp16"
+# llvm-mc and llvm-mca come from this LLVM (Debian's llvm-22): the build ../shared/armperf
+# (version 4) prices with, so that ``estimate`` and ``tune --measure cycles`` price what
+# armperf measures the way it does. Prices are cached per llvm-mca build (``Pricer``).
+LLVM_VERSION = 22
 REGION_TAG = 0x41524D51 << 32  # also in blockcount.c and _guest_cycles.py
 MEASURED = 1  # the region of the measured runs; 2 + i: the i-th function with layers=True
 # Instructions after which qemu's block ends because the flow goes elsewhere: a block
@@ -71,6 +77,14 @@ MEASURED = 1  # the region of the measured runs; 2 + i: the i-th function with l
 _ENDS_FLOW = re.compile(r"^(b|bl|br|blr|ret|b\.\w+|bc\.\w+|cbn?z|tbn?z|svc|hvc|smc|brk|hlt|"
                         r"udf|eret\w*|reta\w*|bra\w*|blra\w*)$")
 GUEST_SCRIPT = Path(__file__).with_name("_guest_cycles.py")
+
+
+@functools.cache
+def llvm_version(path: str) -> str:
+    """The LLVM version an LLVM tool reports (``llvm-mca --version``): "22.1.0"."""
+    res = subprocess.run([path, "--version"], capture_output=True, text=True)
+    m = re.search(r"LLVM version (\S+)", res.stdout)
+    return m.group(1) if m else "unknown"
 
 
 class CycleModelError(device.DeviceError):
@@ -100,9 +114,16 @@ def core_for(level: str, core: str | None = None) -> str:
 
 
 def tool(name: str) -> str:
-    """Path of an LLVM tool (the versioned Debian name first) or of qemu; the Debian
-    package that brings it is the one provisioning installs (``device.DEBIAN_PACKAGES``)."""
-    candidates = [f"{name}-19", name] if name.startswith("llvm") else [name]
+    """Path of an LLVM tool of ``LLVM_VERSION`` (Debian's versioned name, or the plain one
+    if it is that version) or of qemu; the Debian package that brings it is the one
+    provisioning installs (``device.DEBIAN_PACKAGES``)."""
+    if not name.startswith("llvm"):
+        candidates = [name]
+    else:
+        candidates = [f"{name}-{LLVM_VERSION}"]
+        plain = shutil.which(name)
+        if plain and llvm_version(plain).split(".")[0] == str(LLVM_VERSION):
+            return plain
     for candidate in candidates:
         if path := shutil.which(candidate):
             return path
@@ -387,7 +408,9 @@ def _read_maps(path: Path) -> list:
 # ------------------------------------------------------------------------------ pricing
 class Pricer:
     """Decodes instruction words with llvm-mc and prices instruction sequences with
-    llvm-mca on one core's model; both answers are cached on disk per core."""
+    llvm-mca on one core's model; both answers are cached on disk per core and per build
+    of the tool that gave them (another llvm-mca prices differently, another llvm-mc may
+    print an instruction differently: an old build's answers are never reused)."""
 
     BATCH = 64  # sequences per llvm-mca process (each its own code region)
 
@@ -398,10 +421,15 @@ class Pricer:
         self.core = core
         self.dir = device.home() / "mca"
         self.dir.mkdir(parents=True, exist_ok=True)
-        self.path = self.dir / f"{core}.json"
+        self.path = self.dir / f"{core}-{self.build('llvm-mca')}.json"
         self.cache = json.loads(self.path.read_text()) if self.path.exists() else {}
-        self.words_path = self.dir / "decoded.json"
+        self.words_path = self.dir / f"decoded-{self.build('llvm-mc')}.json"
         self.words = json.loads(self.words_path.read_text()) if self.words_path.exists() else {}
+
+    @staticmethod
+    def build(name: str) -> str:
+        """Which build of an LLVM tool answers: "llvm-mca-22.1.0"."""
+        return f"{name}-{llvm_version(tool(name))}"
 
     def decode(self, words: set) -> dict:
         """word (4 bytes) -> instruction text ("sdot v0.4s, v1.16b, v2.16b")."""

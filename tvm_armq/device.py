@@ -10,7 +10,8 @@ What the device needs is provisioned once per machine, idempotently, into a
 cache outside the repo (``$TVM_ARMQ_HOME``, default ``~/.cache/tvm_armq``):
 
 1. Debian packages: qemu-user, qemu-user-static, binfmt-support, the aarch64
-   cross g++ and llvm-19 (llvm-mc, llvm-mca: the cycle model) (needs root;
+   cross g++ and llvm-22 (llvm-mc, llvm-mca: the cycle model, the same build as
+   ``../shared/armperf`` version 4) (needs root;
    nothing is installed if all are present).
 2. An aarch64 sysroot: Python 3.11 and the libraries it loads, from Debian's
    arm64 packages (``apt-get download`` + ``dpkg -x``, no arm64 install).
@@ -51,8 +52,8 @@ DEBIAN_PACKAGES = {  # command that must exist -> Debian package that provides i
     "update-binfmts": "binfmt-support",
     "aarch64-linux-gnu-g++": "g++-aarch64-linux-gnu",
     # the cycle model (cycles.py): decoding and pricing the blocks qemu counted
-    "llvm-mc-19": "llvm-19",
-    "llvm-mca-19": "llvm-19",
+    "llvm-mc-22": "llvm-22",
+    "llvm-mca-22": "llvm-22",
 }
 # What the aarch64 Python 3.11 and the TVM runtime load, as Debian arm64 packages.
 SYSROOT_PACKAGES = (
