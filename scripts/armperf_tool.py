@@ -27,11 +27,15 @@ def require(ap: argparse.ArgumentParser, path: Path) -> None:
         ap.error(f"{path} not found: pass --armperf")
 
 
-def tvm_cycles(armperf: Path, lib: Path, model, level: str) -> tuple[float, int]:
+def tvm_cycles(armperf: Path, lib: Path, model, level: str,
+               runs: int | None = None) -> tuple[float, int]:
     """armperf's estimated cycles per run of a TVM library on ``level`` (the inputs are
-    ``model``'s, a ``TFLiteModel``), and armperf's version."""
+    ``model``'s, a ``TFLiteModel``; every output the module returns, however many), and
+    armperf's version. ``runs``: armperf's ``--runs`` (None: its default)."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         cmd = [sys.executable, str(armperf), "tvm", str(lib), "--isa", level, "--json", out.name]
+        if runs is not None:
+            cmd += ["--runs", str(runs)]
         for t in model.signature()[0]:
             cmd += ["--input", ",".join(map(str, t.shape)) + ":" + t.dtype]
         res = subprocess.run(cmd, capture_output=True, text=True)

@@ -63,6 +63,33 @@ def test_llvm_mca_prices_a_dependency_chain():
     assert cycles.Pricer("cortex-a72").cycles([wide])[wide] == pytest.approx(4.0, abs=0.1)
 
 
+def test_prices_come_from_armperf_llvm_and_are_kept_per_build():
+    """llvm-mca and llvm-mc are LLVM 22's, armperf version 4's; a price is cached under the
+    llvm-mca build that gave it, so an older build's prices are never reused."""
+    mca, mc = cycles.tool("llvm-mca"), cycles.tool("llvm-mc")
+    assert cycles.llvm_version(mca).split(".")[0] == "22", mca
+    assert cycles.llvm_version(mc) == cycles.llvm_version(mca)
+    pricer = cycles.Pricer("cortex-a72")
+    assert pricer.path.name == f"cortex-a72-llvm-mca-{cycles.llvm_version(mca)}.json"
+    assert pricer.words_path.name == f"decoded-llvm-mc-{cycles.llvm_version(mc)}.json"
+
+
+def test_cli_estimate_prices_the_library_compile_writes(tmp_path, capsys):
+    """``estimate``'s total is the library ``compile --threads 1`` writes (``main`` as
+    compiled code, what armperf measures), not the bytecode build its per-layer rows come
+    from: pricing that one added the interpreter's work (MobileNetV2 0.35 at dotprod, 8%)."""
+    model = str(cli.BUNDLED_MODEL)
+    out = tmp_path / "m.so"
+    assert cli.main(["compile", model, "--isa", "neon", "--threads", "1", "-o", str(out)]) == 0
+    args = [(t.shape, t.dtype) for t in TFLiteModel.load(cli.BUNDLED_MODEL).signature()[0]]
+    compiled = cycles.estimate(out, "neon", args, layers=False).total
+    capsys.readouterr()
+    assert cli.main(["estimate", model, "--isa", "neon"]) == 0
+    text = capsys.readouterr().out
+    total = next(ln.split() for ln in text.splitlines() if ln.strip().startswith("total"))
+    assert float(total[-1].replace(",", "")) == pytest.approx(compiled, rel=0.003), text
+
+
 class _Pricer:
     """A stand-in for llvm-mca: a sequence costs its length, plus 100 if it is longer than
     one piece (so a test sees which sequences were priced whole)."""

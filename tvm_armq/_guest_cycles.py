@@ -9,6 +9,10 @@ Relax VM library (``kind="vm"``):
     region 2 + i  with ``layers``: one more set of runs, each VM call of function i in
                   its own region (names and call counts go to ``names_out``)
 
+A second item, if there is one, is the same model built with a bytecode ``main`` whose
+interpreter has the per-call hook the layers need: the first (``main`` compiled, what
+``compile`` writes) is measured, the second gives the layers.
+
 Functions (``kind="func"``, a round of tuning candidates: one emulator start for all):
 item i's ``runs`` calls are region 1 + i.
 
@@ -22,13 +26,19 @@ import json
 import os
 import sys
 
-REGION_TAG = 0x41524D51 << 32  # blockcount.c: lseek(-1, REGION_TAG | region, SEEK_SET)
+REGION_TAG = 0x41524D51 << 32  # blockcount.c: lseek(fd, REGION_TAG | region, SEEK_SET)
 
 
-def mark(region: int) -> None:
+def mark(region: int, fd: int = -1) -> None:
+    """Tell the plugin the run is in ``region`` from here on. On fd -1 the call fails
+    (EBADF) and Python raises and catches an OSError after it, as ../shared/armperf's
+    markers do: the measured region's ends cost what armperf's do. Around each layer, on
+    an fd of /dev/null, where any seek succeeds: no exception (its errno message and
+    object, thousands of instructions in the C library and the interpreter) is counted
+    in the layer."""
     try:
-        os.lseek(-1, REGION_TAG | region, os.SEEK_SET)
-    except OSError:  # EBADF, always: the call exists to be seen by the plugin
+        os.lseek(fd, REGION_TAG | region, os.SEEK_SET)
+    except OSError:  # EBADF on fd -1, always: the call exists to be seen by the plugin
         pass
 
 
@@ -55,18 +65,24 @@ def main() -> None:
                 for shape, dtype in item["args"]]
 
     if spec["kind"] == "vm":
-        (item,) = spec["items"]
-        lib, entry, args = tvm.runtime.load_module(item["lib"]), item["entry"], arguments(item)
         from tvm.runtime.vm import VirtualMachine
 
-        vm = VirtualMachine(lib, dev)
-        vm.set_input(entry, *args)
-        vm.invoke_stateful(entry)
+        def machine(item):
+            lib, entry = tvm.runtime.load_module(item["lib"]), item["entry"]
+            vm = VirtualMachine(lib, dev)
+            vm.set_input(entry, *arguments(item))
+            vm.invoke_stateful(entry)
+            return vm, entry
+
+        vm, entry = machine(spec["items"][0])
         mark(1)
         for _ in range(runs):
             vm.invoke_stateful(entry)
         mark(0)
         if spec.get("layers"):
+            if len(spec["items"]) > 1:  # the bytecode build, for its interpreter's hook
+                vm, entry = machine(spec["items"][1])
+            quiet = os.open("/dev/null", os.O_RDONLY)
             names, calls, index = [], [], {}
 
             def instrument(func, symbol, before_run, ret_value, *call_args):
@@ -76,9 +92,9 @@ def main() -> None:
                         names.append(symbol)
                         calls.append(0)
                     calls[index[symbol]] += 1
-                    mark(2 + index[symbol])
+                    mark(2 + index[symbol], quiet)
                 else:
-                    mark(0)
+                    mark(0, quiet)
                 return 0  # VMInstrumentReturnKind.NO_OP: run the call as usual
 
             vm.set_instrument(instrument)

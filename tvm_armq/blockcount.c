@@ -5,7 +5,8 @@
  * blocks with llvm-mca.
  *
  * Regions. The guest names the region it is in by a system call that fails:
- * lseek(-1, REGION_TAG | r, SEEK_SET), where r < 2^32 is the region (0: not measured).
+ * lseek(fd, REGION_TAG | r, SEEK_SET), where r < 2^32 is the region (0: not measured), on
+ * fd -1 (the call fails) or on an fd of /dev/null (it succeeds: the guest raises nothing).
  * At every such call the counts since the previous call are added to the previous region,
  * so a region is any stretch of the run: one layer of a model, or all of its runs.
  *
@@ -144,8 +145,7 @@ static void on_syscall(qemu_plugin_id_t id, unsigned int vcpu, int64_t num, uint
                        uint64_t a2, uint64_t a3, uint64_t a4, uint64_t a5, uint64_t a6,
                        uint64_t a7, uint64_t a8) {
     (void)id; (void)vcpu; (void)a3; (void)a4; (void)a5; (void)a6; (void)a7; (void)a8;
-    if (num != SYS_LSEEK || a1 != UINT64_MAX || (a2 & 0xffffffff00000000ULL) != REGION_TAG)
-        return;
+    if (num != SYS_LSEEK || (a2 & 0xffffffff00000000ULL) != REGION_TAG) return;
     pthread_mutex_lock(&lock);
     hand_over();
     region = (uint32_t)(a2 & 0xffffffffULL);

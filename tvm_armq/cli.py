@@ -441,23 +441,16 @@ def cmd_device(a) -> int:
 
 # ------------------------------------------------------------------ tune
 def cmd_estimate(a) -> int:
-    import tempfile
-
-    from . import build, cycles
+    from . import cycles
 
     core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
     _at_least_one("--threads", a.threads)
     model = _load(a.model)
     kernels: dict = {}
-    # the library asks for the pool it is priced on (TVM's own default stops at the host's
-    # core count); on one thread its loops are serial (threads.run_serially). Its main is
-    # bytecode: the per-layer rows come from the interpreter's hook around each call.
-    exe = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a), kernels=kernels,
-                               threads=a.threads, exec_mode="bytecode")
-    with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
-        lib = export.export_aarch64(exe, Path(tmp) / "model.so")
-        args = [(t.shape, t.dtype) for t in model.signature()[0]]
-        est = cycles.estimate(lib, a.isa, args, core=core, threads=a.threads)
+    # the total: the library `compile --threads N` writes (main compiled); the per-layer
+    # rows: a build whose main is bytecode, from the interpreter's hook around each call
+    est = cycles.estimate_model(model, a.isa, core=core, threads=a.threads,
+                                tuning_database=_tuning_dir(a), kernels=kernels)
     threaded = est.threads > 1
     cores = f"{est.threads} {core} cores" if threaded else f"the {core} model"
     print(f"{model.label} at ISA level {a.isa}, priced on {cores}: estimated cycles of one "

@@ -319,11 +319,14 @@ def _region_cycles(counts: dict, hot: set, chains: list, insns: dict, price: dic
 
 def profile(lib: Path, level: str, args, *, kind: str = "vm", entry: str = "main",
             runs: int = 1, layers: bool = False, threads: int = 1,
-            timeout: float = 3600.0) -> Profile:
+            timeout: float = 3600.0, layers_lib: Path | None = None) -> Profile:
     """Run ``lib`` (a Relax VM library, or one function of a library with ``kind="func"``)
     on ``level``'s emulated CPU under the plugin; ``args``: (shape, dtype) of each input.
-    Its measured runs are region ``MEASURED``."""
-    return profile_items([(lib, entry, args)], level, kind=kind, runs=runs, layers=layers,
+    Its measured runs are region ``MEASURED``. With ``layers``, the VM calls of
+    ``layers_lib`` (the same model with a bytecode ``main``: ``lib``'s compiled ``main``
+    has no per-call hook) or else of ``lib`` are regions 2, 3, ..."""
+    items = [(lib, entry, args)] + ([(layers_lib, entry, args)] if layers_lib else [])
+    return profile_items(items, level, kind=kind, runs=runs, layers=layers,
                          threads=threads, timeout=timeout)
 
 
@@ -331,7 +334,8 @@ def profile_items(items, level: str, *, kind: str = "func", runs: int = 1,
                   layers: bool = False, threads: int = 1,
                   timeout: float = 3600.0) -> Profile:
     """One emulator run for several (library, entry function, args): item i's measured
-    runs are region ``MEASURED + i`` (``kind="vm"`` takes one item). With ``threads`` > 1
+    runs are region ``MEASURED + i`` (``kind="vm"``: the first item is measured, a second
+    one gives the layers; see ``profile``). With ``threads`` > 1
     TVM's pool has that many threads (the calling thread is one of them) and every guest
     thread is counted apart (``Profile.per_thread``; thread 0 is the calling thread)."""
     device.provision()  # idempotent, quick when done; builds the plugin (blockcount.c)
@@ -508,10 +512,36 @@ def _write_json(path: Path, data) -> None:
 def is_layer_code(path: str) -> bool:
     """Code a layer's own work runs in: the model's library and the C library (memcpy,
     memset). In a layer's region the rest (the interpreter, TVM's FFI and runtime) is the
-    per-call instrumentation and the VM's call: counted in the total, not in the layer."""
+    per-call instrumentation and the VM's call (the dynamic loader's TLS look-ups, ctypes'
+    libffi among them): counted in the total, not in the layer."""
     name = Path(path).name
-    return not (name.startswith(("python3", "libtvm", "libstdc++")) or ".cpython-" in name
-                or "/lib-dynload/" in path)
+    return not (name.startswith(("python3", "libtvm", "libstdc++", "ld-linux", "libffi"))
+                or ".cpython-" in name or "/lib-dynload/" in path)
+
+
+def _is_libc(path: str) -> bool:
+    return Path(path).name.startswith("libc.")
+
+
+def _own_code(path: str) -> bool:
+    """Layer code outside the C library: the model's library (and libm, ...)."""
+    return is_layer_code(path) and not _is_libc(path)
+
+
+def _less_hook(libc: dict, calls: list) -> dict:
+    """Each layer region's C-library cycles (region -> cycles per run) less the per-call
+    hook's. The hook (the interpreter's lock taken and given back around the Python call
+    that marks the region: pthread mutexes, condition variables, thread-specific data) runs
+    in the C library between a layer's two marks, the same code at every call, and no
+    marker can leave it out; a layer's own C-library work (memcpy, memset) is what it has
+    beyond that. The hook's cost is the least C-library work per call of any function the
+    VM called (a builtin such as ``vm.builtin.null_value`` has none of its own). Without
+    this the rows of MobileNetV1 0.25 at neon summed to more than the run (the VM's row
+    -6.4e3 cycles)."""
+    per_call = [libc.get(2 + i, 0.0) / c for i, c in enumerate(calls) if c]
+    hook = min(per_call, default=0.0)
+    return {r: (max(v - hook * calls[r - 2], 0.0) if 2 <= r < 2 + len(calls) else v)
+            for r, v in libc.items()}
 
 
 @dataclasses.dataclass
@@ -538,9 +568,17 @@ class Estimate:
 
 
 def estimate(lib: Path, level: str, args, core: str | None = None, runs: int = 1,
-             layers: bool = True, threads: int = 1) -> Estimate:
+             layers: bool = True, threads: int = 1,
+             layers_lib: Path | None = None) -> Estimate:
     """Estimated cycles of one run of a Relax VM library on ``core``'s model (default: the
     level's core), and with ``layers`` of each VM function it calls.
+
+    The total is ``lib``'s: give the library ``compile`` writes (``main`` compiled), the
+    one armperf measures. Per-layer rows need the bytecode interpreter's per-call hook:
+    ``layers_lib`` is the same model built with ``exec_mode="bytecode"`` (``lib`` itself if
+    None, when it is such a build). The interpreter's own work is no layer's, so the rows
+    are the same for either ``main``; the total is not (MobileNetV2 0.35, 96 px, at
+    dotprod: bytecode 1.245e6, compiled 1.155e6, armperf 4 on the compiled 1.152e6).
 
     With ``threads`` > 1 TVM's pool runs that many threads on as many cores of that model
     and each thread's work (waiting left out) is counted apart: the run's figure is the
@@ -548,25 +586,59 @@ def estimate(lib: Path, level: str, args, core: str | None = None, runs: int = 1
     that layer. (A static split, as TVM's parallel loops make, is the same on the core as
     here; only its waiting depends on the host, and it is left out.)"""
     core = core_for(level, core)
-    prof = profile(lib, level, args, runs=runs, layers=layers, threads=threads)
+    prof = profile(lib, level, args, runs=runs, layers=layers, threads=threads,
+                   layers_lib=layers_lib if layers else None)
     pricer = Pricer(core)
     if threads == 1:
         total = prof.cycles(pricer)[MEASURED] if MEASURED in prof.counts else 0.0
         rows = []
         if layers:
-            per = prof.cycles(pricer, keep=is_layer_code)
-            rows = [LayerCycles(name, calls, per.get(2 + i, 0.0))
+            own = prof.cycles(pricer, keep=_own_code)
+            libc = _less_hook(prof.cycles(pricer, keep=_is_libc), prof.calls)
+            rows = [LayerCycles(name, calls, own.get(2 + i, 0.0) + libc.get(2 + i, 0.0))
                     for i, (name, calls) in enumerate(zip(prof.names, prof.calls))]
         return Estimate(level, core, total, rows)
     work = _thread_work(prof.thread_cycles(pricer).get(MEASURED, {}), threads)
     rows = []
     if layers:
-        per = prof.thread_cycles(pricer, keep=is_layer_code)
+        own = prof.thread_cycles(pricer, keep=_own_code)
+        libc = prof.thread_cycles(pricer, keep=_is_libc)
+        # the hook runs on the calling thread (0)
+        calling = _less_hook({r: t.get(0, 0.0) for r, t in libc.items()}, prof.calls)
+        for r, t in libc.items():
+            if 0 in t:
+                t[0] = calling[r]
         for i, (name, calls) in enumerate(zip(prof.names, prof.calls)):
-            split = _thread_work(per.get(2 + i, {}), threads)
+            split = [a + b for a, b in zip(_thread_work(own.get(2 + i, {}), threads),
+                                           _thread_work(libc.get(2 + i, {}), threads))]
             mean = sum(split) / threads
             rows.append(LayerCycles(name, calls, max(split), max(split) / mean if mean else 1.0))
     return Estimate(level, core, max(work), rows, threads, work)
+
+
+def estimate_model(model, level: str, *, core: str | None = None, threads: int = 1,
+                   tuning_database=None, kernels: dict | None = None, layers: bool = True,
+                   runs: int = 1, out_dir: Path | None = None) -> Estimate:
+    """Estimated cycles of ``model`` (a ``TFLiteModel``) as ``compile --threads N`` builds
+    it: the total is the library ``compile`` writes (``main`` compiled, which armperf
+    measures), the per-layer rows a second build whose ``main`` is bytecode (its
+    interpreter's per-call hook; see ``estimate``). The library asks for the pool it is
+    priced on; on one thread its loops are serial. ``kernels`` receives each function's op
+    and kernel (``build.compile_tflite``); with ``out_dir`` the libraries are kept there
+    (``model-compiled.so``, ``model-bytecode.so``)."""
+    from . import build, export
+
+    modes = ("compiled", "bytecode") if layers else ("compiled",)
+    with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
+        where = Path(out_dir) if out_dir is not None else Path(tmp)
+        libs = [export.export_aarch64(
+                    build.compile_tflite(model, level, tuning_database=tuning_database,
+                                         kernels=kernels, threads=threads, exec_mode=mode),
+                    where / f"model-{mode}.so")
+                for mode in modes]
+        args = [(t.shape, t.dtype) for t in model.signature()[0]]
+        return estimate(libs[0], level, args, core=core, runs=runs, layers=layers,
+                        threads=threads, layers_lib=libs[1] if layers else None)
 
 
 def _thread_work(by_thread: dict, threads: int) -> list:
