@@ -1,7 +1,7 @@
 """Does tvm_armq's cycle model (``python -m tvm_armq estimate``, tvm_armq/cycles.py) agree
 with the yardstick, ``../shared/armperf``? For each model and ISA level: build it as
 ``compile --isa LEVEL --threads 1`` does, estimate one run as ``estimate`` does
-(``cycles.estimate_model``: the compiled library's total, the per-layer rows from a
+(``build.estimate_model``: the compiled library's total, the per-layer rows from a
 bytecode build), measure that compiled library with armperf, print both and their ratio.
 
     python scripts/check_estimate.py [--models mobilenet_v1_0.25 path/to/net.tflite ...]
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import armperf_tool
-from tvm_armq import cycles, zoo
+from tvm_armq import build, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.threads import POOL_FUNC
 from tvm_armq.tflite_model import TFLiteModel
@@ -62,7 +62,7 @@ def main() -> int:
                 out = Path(tmp) / f"{label}-{level}"
                 out.mkdir()
                 start = time.monotonic()
-                ours = cycles.estimate_model(model, level, threads=1, out_dir=out)
+                ours = build.estimate_model(model, level, threads=1, out_dir=out)
                 took = time.monotonic() - start
                 rows_share = sum(r.cycles for r in ours.layers  # the layers, as estimate
                                  if not r.function.startswith("vm.builtin.")  # prints them

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import call_sequence, targets
+from . import call_sequence, cycles, targets
 from . import threads as pool
 from .export import export_aarch64
 from .portable import SELECTOR, level_name
@@ -295,3 +295,25 @@ def compile_and_run(model, level: str, session, inputs: list[np.ndarray] | None 
     with tempfile.TemporaryDirectory(dir=workdir) as tmp:
         lib = export_aarch64(compile_tflite(m, level, report=report), Path(tmp) / "model.so")
         return run_on_device(session, lib, inputs)
+
+
+def estimate_model(model, level: str, *, core: str | None = None, threads: int = 1,
+                   tuning_database=None, kernels: dict | None = None, layers: bool = True,
+                   runs: int = 1, out_dir: Path | None = None) -> "cycles.Estimate":
+    """Estimated cycles of ``model`` (a ``TFLiteModel``) as ``compile --threads N`` builds
+    it: the total is the library ``compile`` writes (``main`` compiled, which armperf
+    measures), the per-layer rows a second build whose ``main`` is bytecode (its
+    interpreter's per-call hook; see ``cycles.estimate``). The library asks for the pool it
+    is priced on; on one thread its loops are serial. ``kernels`` receives each function's op
+    and kernel (``compile_tflite``); with ``out_dir`` the libraries are kept there
+    (``model-compiled.so``, ``model-bytecode.so``)."""
+    modes = ("compiled", "bytecode") if layers else ("compiled",)
+    with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
+        where = Path(out_dir) if out_dir is not None else Path(tmp)
+        libs = [export_aarch64(compile_tflite(model, level, tuning_database=tuning_database,
+                                              kernels=kernels, threads=threads, exec_mode=mode),
+                               where / f"model-{mode}.so")
+                for mode in modes]
+        args = [(t.shape, t.dtype) for t in model.signature()[0]]
+        return cycles.estimate(libs[0], level, args, core=core, runs=runs, layers=layers,
+                               threads=threads, layers_lib=libs[1] if layers else None)

@@ -441,7 +441,7 @@ def cmd_device(a) -> int:
 
 # ------------------------------------------------------------------ tune
 def cmd_estimate(a) -> int:
-    from . import cycles
+    from . import build, cycles
 
     core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
     _at_least_one("--threads", a.threads)
@@ -449,7 +449,7 @@ def cmd_estimate(a) -> int:
     kernels: dict = {}
     # the total: the library `compile --threads N` writes (main compiled); the per-layer
     # rows: a build whose main is bytecode, from the interpreter's hook around each call
-    est = cycles.estimate_model(model, a.isa, core=core, threads=a.threads,
+    est = build.estimate_model(model, a.isa, core=core, threads=a.threads,
                                 tuning_database=_tuning_dir(a), kernels=kernels)
     threaded = est.threads > 1
     cores = f"{est.threads} {core} cores" if threaded else f"the {core} model"

@@ -616,31 +616,6 @@ def estimate(lib: Path, level: str, args, core: str | None = None, runs: int = 1
     return Estimate(level, core, max(work), rows, threads, work)
 
 
-def estimate_model(model, level: str, *, core: str | None = None, threads: int = 1,
-                   tuning_database=None, kernels: dict | None = None, layers: bool = True,
-                   runs: int = 1, out_dir: Path | None = None) -> Estimate:
-    """Estimated cycles of ``model`` (a ``TFLiteModel``) as ``compile --threads N`` builds
-    it: the total is the library ``compile`` writes (``main`` compiled, which armperf
-    measures), the per-layer rows a second build whose ``main`` is bytecode (its
-    interpreter's per-call hook; see ``estimate``). The library asks for the pool it is
-    priced on; on one thread its loops are serial. ``kernels`` receives each function's op
-    and kernel (``build.compile_tflite``); with ``out_dir`` the libraries are kept there
-    (``model-compiled.so``, ``model-bytecode.so``)."""
-    from . import build, export
-
-    modes = ("compiled", "bytecode") if layers else ("compiled",)
-    with tempfile.TemporaryDirectory(prefix="tvm_armq-estimate-") as tmp:
-        where = Path(out_dir) if out_dir is not None else Path(tmp)
-        libs = [export.export_aarch64(
-                    build.compile_tflite(model, level, tuning_database=tuning_database,
-                                         kernels=kernels, threads=threads, exec_mode=mode),
-                    where / f"model-{mode}.so")
-                for mode in modes]
-        args = [(t.shape, t.dtype) for t in model.signature()[0]]
-        return estimate(libs[0], level, args, core=core, runs=runs, layers=layers,
-                        threads=threads, layers_lib=libs[1] if layers else None)
-
-
 def _thread_work(by_thread: dict, threads: int) -> list:
     """Each thread's work, the calling thread first; threads that did nothing count as
     zero (the guest's thread ids are qemu's vCPU numbers, not 0..N-1)."""
