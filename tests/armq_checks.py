@@ -67,6 +67,54 @@ def output_pairs(got: list, expected: list, what: str) -> list:
     return pairs
 
 
+# A live output takes more values than this in ``cli run``'s report of it: a model that
+# ran everything but collapsed onto a sign or a saturated pair passes nothing on its
+# word. (``assert_alive`` asks more of the outputs it sees itself; ``run`` reports only
+# the count.)
+MIN_RUN_DISTINCT = 3
+_RUN_OUTPUT = re.compile(r"^output (\d+): shape .*?, (\d+) distinct values, ", re.M)
+
+
+def assert_run_exact(stdout: str, outputs: int, what: str) -> None:
+    """Fail unless ``tvm-armq run`` printed a line for each of the model's ``outputs``
+    outputs (numbered 0, 1, ...), each of at least ``MIN_RUN_DISTINCT`` distinct values in
+    TFLite's, and ended on a zero maximum difference: ``run``'s verdict, read so that a
+    missing or a collapsed output cannot pass it."""
+    assert outputs > 0, f"{what}: a model without outputs checks nothing"
+    found = [(int(i), int(n)) for i, n in _RUN_OUTPUT.findall(stdout)]
+    assert [i for i, _ in found] == list(range(outputs)), \
+        f"{what}: run reported outputs {[i for i, _ in found]}, the model has {outputs}"
+    dead = [i for i, n in found if n < MIN_RUN_DISTINCT]
+    assert not dead, f"{what}: outputs {dead} take fewer than {MIN_RUN_DISTINCT} values"
+    last = stdout.strip().splitlines()[-1]
+    assert last == "max abs difference against TFLite: 0", f"{what}: {last}"
+
+
+# ------------------------------------------------------------------ tiers
+
+
+def same_code_at_every_level(model) -> bool:
+    """True when ``inspect`` names the same kernels for ``model`` at every ISA level, each
+    of them a ``_neon`` one (or no kernel: TVM's own code; or float): the same code runs at
+    each level, so the fast tier runs such a model at one level. Nothing is built."""
+    from tvm_armq import build
+    from tvm_armq.report import Lowered
+    from tvm_armq.targets import LEVELS
+
+    kernels = [sorted(r.kernel if isinstance(r, Lowered) else "float"
+                      for r in build.inspect(model, level)) for level in LEVELS]
+    return all(k == kernels[0] for k in kernels) and \
+        all(k == "float" or k.endswith("_neon") for k in kernels[0])
+
+
+def one_level_in_turn(i: int) -> str:
+    """The level the fast tier runs the ``i``-th level-independent case at: the levels in
+    turn, so that each runs some."""
+    from tvm_armq.targets import LEVELS
+
+    return list(LEVELS)[i % len(LEVELS)]
+
+
 # ------------------------------------------------------------------ instructions
 
 

@@ -4,7 +4,8 @@ Each case here is one a guard once let through (issue 20): five distinct values 
 1000 logits, an output mostly on one value, a model with no outputs, an instruction
 found only inside another mnemonic (``addp`` in ``faddp``), a function of the module
 without the kernel's instruction while the others have it, an empty instruction list; and
-a parallel task that allocates from the runtime's workspace pool.
+a parallel task that allocates from the runtime's workspace pool; a ``run`` report that
+misses an output, reports a collapsed one or ends on a difference.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from armq_checks import (assert_alive, assert_functions_use, assert_no_workspace_per_task,
-                         function_asm, mnemonics, output_pairs)
+                         assert_run_exact, function_asm, mnemonics, output_pairs)
 
 
 def _logits(seed: int = 0, size: int = 1000) -> np.ndarray:
@@ -54,6 +55,26 @@ def test_output_pairs_gives_the_differences():
     ((got, expected, diff),) = output_pairs([g], [e], "one output")
     assert got is g and expected is e and diff.dtype == np.int32
     assert diff.max() == 2 and int((diff > 0).sum()) == 1
+
+
+def _run_report(*outputs, worst=0):
+    """``tvm-armq run``'s stdout for outputs given as their distinct-value counts."""
+    lines = ["52 of 52 quantized layers on tvm_armq kernels: 52 x gemm"]
+    lines += [f"output {i}: shape (1, 1000) int8, {n} distinct values, max abs diff vs "
+              f"TFLite {worst}, 0/1000 elements differ" for i, n in enumerate(outputs)]
+    return "\n".join(lines + [f"max abs difference against TFLite: {worst}"]) + "\n"
+
+
+def test_run_verdict_needs_every_output_alive_and_equal():
+    assert_run_exact(_run_report(153, 40), 2, "two live outputs")
+    with pytest.raises(AssertionError, match=r"reported outputs \[0\], the model has 2"):
+        assert_run_exact(_run_report(153), 2, "an output missing")
+    with pytest.raises(AssertionError, match=r"outputs \[1\] take fewer than 3"):
+        assert_run_exact(_run_report(153, 2), 2, "a two-valued output")
+    with pytest.raises(AssertionError, match="difference against TFLite: 1"):
+        assert_run_exact(_run_report(153, worst=1), 1, "a difference")
+    with pytest.raises(AssertionError, match="checks nothing"):
+        assert_run_exact(_run_report(), 0, "no outputs")
 
 
 # A module of two functions as LLVM prints it: ``good`` runs smull/sadalp/addp in its

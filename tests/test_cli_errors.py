@@ -578,6 +578,23 @@ def test_run_exits_9_when_outputs_differ_and_says_by_how_much(devices, models):
 
 
 @pytest.mark.device
+def test_run_exits_9_when_an_output_is_missing(devices, monkeypatch, capsys):
+    """A library that gives fewer outputs than TFLite's model fails ``run`` (exit 9), not
+    a comparison of the outputs it has: two_in_two_out's device run, its last output
+    dropped on the way back."""
+    from tvm_armq import build, zoo
+
+    endpoint = devices.endpoint("neon")
+    call = build.DeviceModel.__call__
+    monkeypatch.setattr(build.DeviceModel, "__call__", lambda self, x: call(self, x)[:-1])
+    code = cli.main(["run", str(zoo.build("two_in_two_out")), "--isa", "neon",
+                     "--device", f"{endpoint.host}:{endpoint.port}"])
+    err = capsys.readouterr().err
+    assert code == DIFFER, err
+    assert "the compiled model gave 1 outputs, TFLite's has 2" in err, err
+
+
+@pytest.mark.device
 def test_tuning_failures_mismatched_database_and_per_trial_progress(models, tmp_path):
     """One tracker and one emulated neon board: a neon run measures every trial (and the
     bar advances per trial); a dotprod run on the same board fails every trial (SIGILL)

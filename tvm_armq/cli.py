@@ -28,8 +28,8 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     7   tuning database or tuning run: not a database, corrupt, or tuned for another target
     8   output: -o (or tune's --work-dir) cannot be written, or -o would overwrite an
         input, a directory or a file that is not a compiled module (without --force)
-    9   run: the outputs differ from TFLite's reference kernels by more than --tolerance;
-        diff: a layer differs
+    9   run: the outputs differ from TFLite's reference kernels by more than --tolerance,
+        or in number, shape or dtype; diff: a layer differs
     10  tune: every trial failed
     130 interrupted (Ctrl-C)
 
@@ -60,7 +60,8 @@ class UsageError(Exception):
 
 
 class OutputsDiffer(Exception):
-    """``run``: the device's outputs differ from TFLite's by more than the tolerance."""
+    """``run``: the device's outputs differ from TFLite's by more than the tolerance, or in
+    number, shape or dtype."""
 
 
 class AllTrialsFailed(Exception):
@@ -348,12 +349,16 @@ def cmd_run(a) -> int:
         del session
         release()
     print(_kernel_summary(report))
+    _check_output_signature(model, endpoint, a.isa, got, expected)
     worst, where = 0.0, ""
     for i, (g, e) in enumerate(zip(got, expected)):
         diff = np.abs(g.astype(np.float64) - e.astype(np.float64))
         differ = int((diff > a.tolerance).sum())
-        print(f"output {i}: shape {tuple(g.shape)} {g.dtype}, max abs diff vs TFLite "
-              f"{diff.max():g}, {int((diff > 0).sum())}/{diff.size} elements differ")
+        # the distinct values of TFLite's output: agreement with an output that takes two
+        # values (a collapsed net, a saturated layer) says little, and the reader sees it
+        print(f"output {i}: shape {tuple(g.shape)} {g.dtype}, {len(np.unique(e))} distinct "
+              f"values, max abs diff vs TFLite {diff.max():g}, "
+              f"{int((diff > 0).sum())}/{diff.size} elements differ")
         if diff.max() > worst:
             worst = float(diff.max())
             where = f"output {i}: {differ}/{diff.size} elements beyond it"
@@ -365,6 +370,19 @@ def cmd_run(a) -> int:
             "layers (TVM's float code, see `inspect`) may differ by rounding: pass "
             "--tolerance to accept that; integer kernels must not differ at all")
     return 0
+
+
+def _check_output_signature(model, endpoint, isa: str, got: list, expected: list) -> None:
+    """``run``'s outputs are TFLite's in number, shape and dtype, or ``OutputsDiffer``: a
+    missing output must not pass a comparison made output by output."""
+    if len(got) != len(expected):
+        raise OutputsDiffer(f"{model.label} on {endpoint} ({isa}): the compiled model gave "
+                            f"{len(got)} outputs, TFLite's has {len(expected)}")
+    for i, (g, e) in enumerate(zip(got, expected)):
+        if g.shape != e.shape or g.dtype != e.dtype:
+            raise OutputsDiffer(f"{model.label} on {endpoint} ({isa}): output {i} is "
+                                f"{tuple(g.shape)} {g.dtype}, TFLite's is {tuple(e.shape)} "
+                                f"{e.dtype}")
 
 
 def _kernel_summary(report: list) -> str:
@@ -450,7 +468,7 @@ def cmd_estimate(a) -> int:
     # the total: the library `compile --threads N` writes (main compiled); the per-layer
     # rows: a build whose main is bytecode, from the interpreter's hook around each call
     est = build.estimate_model(model, a.isa, core=core, threads=a.threads,
-                                tuning_database=_tuning_dir(a), kernels=kernels)
+                               tuning_database=_tuning_dir(a), kernels=kernels)
     threaded = est.threads > 1
     cores = f"{est.threads} {core} cores" if threaded else f"the {core} model"
     print(f"{model.label} at ISA level {a.isa}, priced on {cores}: estimated cycles of one "
