@@ -7,6 +7,14 @@ start fails the tests that need it with the reason (never a skip, never a hang:
 
 To run the same tests on real boards, point a level at one:
 ``TVM_ARMQ_DEVICE_I8MM=host:port`` (or ``tracker_host:port:key``).
+
+The suite runs on two pytest-xdist workers (``-n 2`` in setup.cfg: the machine's two
+cores), each test file whole on one worker (``--dist loadgroup``, one group per file) so
+that a file's module fixtures are built once. Each worker starts its own devices, on ports
+of its own (``PORT_STEP`` apart) and recorded in a run directory of its own, so that the
+command-line tests of a worker find their worker's devices; the files that start tuning
+devices (one fixed port) share a group (``SHARED_GROUPS``). The heaviest files are handed
+out first (``HEAVY_FIRST``), so that the two workers end together.
 """
 
 from __future__ import annotations
@@ -19,6 +27,13 @@ import pytest
 from tvm_armq import device as dev_mod
 from tvm_armq import targets
 from tvm_armq.targets import LEVELS
+
+# xdist's worker name ("gw0", "gw1", ...), or None when the suite runs in one process
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+WORKER_INDEX = int(WORKER[2:]) if WORKER else 0
+PORT_STEP = 20  # a worker's level devices start at the level's default port + PORT_STEP * index
+if WORKER:  # the CLI's device records, which `run` looks up: this worker's own
+    os.environ["TVM_ARMQ_RUN_DIR"] = str(dev_mod.home() / "run" / WORKER)
 
 
 class Devices:
@@ -46,7 +61,8 @@ class Devices:
                 if override:
                     self._endpoints[level] = dev_mod.Endpoint.parse(override)
                 else:
-                    d = dev_mod.start(level)
+                    d = dev_mod.start(level, port=dev_mod.DEFAULT_PORTS[level]
+                                      + PORT_STEP * WORKER_INDEX)
                     self._started[level] = d
                     self._endpoints[level] = d.endpoint
             except Exception as e:  # noqa: BLE001 - reported as the tests' failure
@@ -67,6 +83,16 @@ class Devices:
         for d in self._started.values():
             d.stop()
         self._started.clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def provisioned():
+    """The machine set up once, before the first test: qemu, the aarch64 cross toolchain
+    every export links with, the guest's Python. On a fresh machine the first test that
+    exports a library would otherwise fail (a device start provisions, an export does
+    not); where everything is in place this only checks it."""
+    if not dev_mod.provisioned():
+        dev_mod.provision()
 
 
 @pytest.fixture(scope="session")
@@ -119,14 +145,55 @@ def zoo_model():
     return zoo.build
 
 
+# ------------------------------------------------------------ markers and workers
+# The fixtures that start an emulated device: a test that asks for one is a device test.
+DEVICE_FIXTURES = ("devices", "run_funcs")
+# Files that must run on one worker together: both start `tune`'s device on its one port.
+SHARED_GROUPS = {"test_tuning": "tuning", "test_cli_errors": "tuning"}
+# The files that take longest (``--durations``), handed out first; the rest in file order.
+HEAVY_FIRST = ["test_tuning", "test_cli_errors", "test_models", "test_conv2d_gemm",
+               "test_depthwise", "test_qmuls", "test_cycles", "test_portable"]
+
+
+def _module(item) -> str:
+    return item.nodeid.split("::")[0].rsplit("/", 1)[-1].removesuffix(".py")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A test that asks for a device fixture must say so (``@pytest.mark.device``), so
+    ``-m device`` / ``-m "not device"`` select what they say. Each file is one xdist group
+    (``SHARED_GROUPS`` join some), the heaviest first."""
+    unmarked = [it.nodeid for it in items
+                if set(DEVICE_FIXTURES) & set(getattr(it, "fixturenames", ()))
+                and it.get_closest_marker("device") is None]
+    if unmarked:
+        raise pytest.UsageError("tests that start a device without @pytest.mark.device:\n  "
+                                + "\n  ".join(unmarked))
+    rank = {m: i for i, m in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda it: rank.get(_module(it), len(rank)))  # stable: file order kept
+    for it in items:
+        it.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(_module(it), _module(it))))
+
+
 # ------------------------------------------------------------ accuracy report
 _REPORT: list[str] = []
 
 
-@pytest.fixture(scope="session")
-def report():
-    """``report(line)``: a line for the accuracy table printed at the end of the run."""
-    return _REPORT.append
+ACCURACY = "accuracy"  # the user property a test's accuracy lines travel in
+
+
+@pytest.fixture
+def report(request):
+    """``report(line)``: a line for the accuracy table printed at the end of the run. It
+    travels with the test's report, so that the lines of every xdist worker reach the
+    table."""
+    return lambda line: request.node.user_properties.append((ACCURACY, line))
+
+
+def pytest_runtest_logreport(report):
+    if report.when == "call":
+        _REPORT.extend(line for key, line in report.user_properties if key == ACCURACY)
 
 
 def pytest_terminal_summary(terminalreporter):

@@ -2,7 +2,7 @@
 llvm-mca prices blocks on a core's model, code qemu cut in pieces is priced whole, code
 above the emulated level dies (SIGILL) instead of being priced, ``estimate`` breaks a
 model's cycles down by layer, and on several threads counts each thread's work apart with
-its waiting left out."""
+its waiting left out. The tests that run code under qemu are marked ``device``."""
 
 from __future__ import annotations
 
@@ -32,6 +32,7 @@ def _loop_library(tmp_path, level):
     return export.export_aarch64(lib, tmp_path / f"scan-{level}.so")
 
 
+@pytest.mark.device
 def test_plugin_counts_every_execution(tmp_path):
     """Counts are exact and belong to their region: three measured calls count every
     block of the library exactly three times as often as one call does, and the loop
@@ -74,6 +75,7 @@ def test_prices_come_from_armperf_llvm_and_are_kept_per_build():
     assert pricer.words_path.name == f"decoded-llvm-mc-{cycles.llvm_version(mc)}.json"
 
 
+@pytest.mark.device
 def test_cli_estimate_prices_the_library_compile_writes(tmp_path, capsys):
     """``estimate``'s total is the library ``compile --threads 1`` writes (``main`` as
     compiled code, what armperf measures), not the bytecode build its per-layer rows come
@@ -144,6 +146,7 @@ def test_a_waiting_loop_is_left_out_of_a_thread_work():
                                                     {ids[n]: insns[n] for n in insns})
 
 
+@pytest.mark.device
 def test_threaded_estimate_counts_each_thread_work_apart(tmp_path):
     model = TFLiteModel.load(cli.BUNDLED_MODEL)
     lib = export.export_aarch64(build.compile_tflite(model, "dotprod"), tmp_path / "m.so")
@@ -156,6 +159,7 @@ def test_threaded_estimate_counts_each_thread_work_apart(tmp_path):
     assert two.total == max(two.work) < 0.9 * one.total
 
 
+@pytest.mark.device
 def test_code_above_the_level_is_refused_not_priced(tmp_path):
     model = TFLiteModel.load(zoo.build("conv2d_1x1"))
     lib = export.export_aarch64(build.compile_tflite(model, "i8mm"), tmp_path / "i8mm.so")
@@ -172,6 +176,7 @@ def test_cores_are_checked_against_the_level():
         cycles.core_for("neon", "cortex-a999")
 
 
+@pytest.mark.device
 def test_cli_estimate_breaks_the_total_down_by_layer(capsys):
     assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--isa", "neon"]) == 0
     out = capsys.readouterr().out
@@ -197,6 +202,7 @@ def test_cli_estimate_refuses_a_core_below_the_level(capsys):
     assert err.count("\n") == 1
 
 
+@pytest.mark.device
 def test_cli_estimate_on_threads_names_each_layer_busiest_thread(capsys):
     assert cli.main(["estimate", str(cli.BUNDLED_MODEL), "--isa", "neon",
                      "--threads", "2"]) == 0

@@ -28,6 +28,7 @@ def float_layer_model(tmp_path):
     return path
 
 
+@pytest.mark.device
 def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model, tmp_path):
     """After ``import tvm_armq``, plain ``tvm.compile`` of the imported model for an aarch64
     target contains the tvm_armq kernel (by name and instruction) and is bit-exact."""
@@ -46,6 +47,7 @@ def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model,
     np.testing.assert_array_equal(got[0], model.reference_outputs(x)[0])
 
 
+@pytest.mark.device
 def test_compile_tflite_builds_main_as_code(zoo_model, tmp_path, devices):
     """compile_tflite builds the VM program as a function of the library
     (``build.EXEC_MODE``), which runs bit-exact; plain ``tvm.compile`` and
@@ -242,6 +244,7 @@ U8_MODELS = {
 }
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("level", ["neon", "dotprod", "i8mm"])
 def test_legacy_uint8_models_are_bit_exact(devices, level, tmp_path, report):
     """uint8 CONV_2D / FULLY_CONNECTED with weight zero points run the u8 GEMM kernel of the

@@ -4,15 +4,23 @@ Every zoo model (the single ops and the nets: MobileNetV1 0.25 and 1.0, MobileNe
 the ResNet-style and the Inception-style block, MobileNetV3-Small, EfficientNet-B1,
 DenseNet-121 and -169, Xception, InceptionV3, the DS-CNN keyword spotter, the SSD-style
 detector with its two outputs, the model of two inputs and two outputs, the U-Net with
-its TRANSPOSE_CONV and RESIZE_BILINEAR) is compiled for each ISA level with
+its TRANSPOSE_CONV and RESIZE_BILINEAR) is compiled for an ISA level with
 ``compile_tflite``, run on that level's emulated device and compared with TFLite's
 reference kernels: every output element must be equal, and every output of TFLite must
-really vary (``armq_checks.output_pairs``). One module per model, all of a level's models
-loaded in one device session. The compile report of those very modules says which
-kernel each quantized layer became: no layer of a model with integer kernels stays float,
-and the integer paths that only the small zoo models reach (MUL, SOFTMAX, LOGISTIC, a
-QUANTIZE requantizing a CONCATENATION's input) are named in it; the float fallback model
-really falls back.
+really vary (``armq_checks.output_pairs``). The compile report of those very modules says
+which kernel each quantized layer became: no layer of a model with integer kernels stays
+float, and the integer paths that only the small zoo models reach (MUL, SOFTMAX, LOGISTIC,
+a QUANTIZE requantizing a CONCATENATION's input) are named in it; the float fallback
+model really falls back.
+
+Which (model, level) pairs the fast tier runs (the rest are ``exhaustive``):
+- the small nets and the single-op models whose kernels depend on the level (GEMMs,
+  depthwise) at every level;
+- each big net (``BIG_NETS``) at one level, the levels taken in turn so that each level
+  runs big nets too;
+- the single-op models whose kernels are the same ``_neon`` ones at every level
+  (``LEVEL_INDEPENDENT``, checked by ``test_level_independent_models_are``) at one level,
+  again in turn.
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from armq_checks import output_pairs
+from armq_checks import one_level_in_turn, output_pairs, same_code_at_every_level
 
 from tvm_armq import build, export, zoo
+from tvm_armq.targets import LEVELS as _LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.report import Fallback, Lowered
 
@@ -32,12 +41,42 @@ NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_blo
         "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121",
         "ds_cnn", "ssd_head", "two_in_two_out", "xception", "densenet169", "inception_v3",
         "unet"]
+# The nets whose compile and run at one level take minutes: the fast tier runs each at the
+# one level given here (each level gets some), the exhaustive tier at the other two.
+BIG_NETS = {"inception_v3": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",
+            "densenet169": "neon", "xception": "dotprod", "densenet121": "i8mm",
+            "efficientnet_b1": "dotprod"}
 # Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
 # which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
 # land one step off. Bound: at most one step, on at most this share of the outputs.
 FLOAT_FALLBACK = {"log_softmax": 0.05}
 SINGLE_OPS = [n for n in zoo.names() if n not in NETS and n not in FLOAT_FALLBACK]
+# Single-op models that compile to the same kernels at every level, each named ``_neon``
+# (or to none: TVM's own int8 code for a pool or a pad; or to float, the fallback model):
+# the same code runs at each level, so the fast tier runs each at one level, in turn.
+LEVEL_INDEPENDENT = ["add", "avg_pool", "max_pool", "concat", "mean", "pad", "mul", "softmax",
+                     "concat_requant", "logistic", "sub", "resize_bilinear", "log_softmax"]
 SEEDS = (0, 1)
+LEVELS = tuple(_LEVELS)
+
+
+def fast_levels(name: str) -> tuple[str, ...]:
+    """The levels at which the fast tier runs model ``name``."""
+    if name in BIG_NETS:
+        return (BIG_NETS[name],)
+    if name in LEVEL_INDEPENDENT:
+        return (one_level_in_turn(LEVEL_INDEPENDENT.index(name)),)
+    return LEVELS
+
+
+def tiered(names) -> list:
+    """(level, name) of every model at every level, those outside ``fast_levels`` marked
+    ``exhaustive``."""
+    return [pytest.param(level, name, id=f"{level}-{name}",
+                         marks=() if level in fast_levels(name) else pytest.mark.exhaustive)
+            for name in names for level in LEVELS]
+
+
 # Integer paths no net of the zoo contains, and the (op, kernel) of the ``Lowered``
 # record each must leave in its model's compile report (a kernel given per level as
 # (level, kernel) pairs where the levels' kernels differ). concat_requant is what TFLite's
@@ -81,38 +120,37 @@ class Compiled:
 
 @pytest.fixture(scope="module")
 def outputs(devices, tmp_path_factory):
-    """level -> model name -> ``Compiled``, computed lazily per level: compile every
-    model (keeping its compile report), load them all in one session, run every seed."""
-    cache: dict[str, dict] = {}
+    """``outputs(level, name)`` -> ``Compiled``: the model compiled (keeping its compile
+    report) the first time a test asks for it, run on every seed in the level's one
+    session of this module (a device serves one session at a time)."""
+    sessions: dict = {}
+    cache: dict = {}
 
-    def get(level: str) -> dict:
-        if level not in cache:
-            tmp = tmp_path_factory.mktemp(f"models-{level}")
-            libs, models, reports = {}, {}, {}
-            for name in zoo.names():
-                models[name] = TFLiteModel.load(zoo.build(name))
-                reports[name] = []
-                exe = build.compile_tflite(models[name], level, report=reports[name])
-                libs[name] = export.export_aarch64(exe, tmp / f"{name.replace('.', '_')}.so")
-            session = devices.session(level)
-            results = {}
-            for name, lib in libs.items():
-                run = build.DeviceModel(session, lib)
-                results[name] = Compiled(reports[name], [])
-                for seed in SEEDS:
-                    x = models[name].random_inputs(seed=seed)
-                    results[name].runs.append((run(x), models[name].reference_outputs(x)))
-            cache[level] = results
-        return cache[level]
+    def get(level: str, name: str) -> Compiled:
+        if (level, name) not in cache:
+            model, report = TFLiteModel.load(zoo.build(name)), []
+            lib = export.export_aarch64(
+                build.compile_tflite(model, level, report=report),
+                tmp_path_factory.mktemp(f"models-{level}") / f"{name.replace('.', '_')}.so")
+            if level not in sessions:
+                sessions[level] = devices.session(level)
+            run = build.DeviceModel(sessions[level], lib)
+            cache[level, name] = Compiled(report, [
+                (run(x), model.reference_outputs(x))
+                for x in (model.random_inputs(seed=seed) for seed in SEEDS)])
+        return cache[level, name]
 
-    return get
+    yield get
+    sessions.clear()  # the sessions end here, not in another module's test
 
 
-@pytest.mark.parametrize("name", NETS + SINGLE_OPS)
+@pytest.mark.parametrize("level, name", tiered(NETS + SINGLE_OPS))
 def test_model_is_bit_exact(outputs, level, name, report):
-    runs = outputs(level)[name].runs
-    assert len(runs) == len(SEEDS)
-    for seed, (got, expected) in zip(SEEDS, runs):
+    compiled = outputs(level, name)
+    fallbacks = [r.line() for r in compiled.report if isinstance(r, Fallback)]
+    assert fallbacks == [], f"{name} at {level}: layers left in float:\n" + "\n".join(fallbacks)
+    assert len(compiled.runs) == len(SEEDS)
+    for seed, (got, expected) in zip(SEEDS, compiled.runs):
         for g, e, diff in output_pairs(got, expected, f"{name} at {level}, seed {seed}"):
             report(f"tvm_armq   {name:18s} {level:8s} seed {seed} max|diff| {diff.max():3d}  "
                    f"differ {int((diff > 0).sum()):5d}/{diff.size}")
@@ -120,22 +158,14 @@ def test_model_is_bit_exact(outputs, level, name, report):
                                     f"of {diff.size} outputs differ, by up to {diff.max()}"
 
 
-@pytest.mark.parametrize("name", NETS + SINGLE_OPS)
-def test_no_layer_stays_float(outputs, level, name):
-    """The modules ``test_model_is_bit_exact`` ran have no quantized layer left in float."""
-    fallbacks = [r.line() for r in outputs(level)[name].report
-                 if isinstance(r, Fallback)]
-    assert fallbacks == [], f"{name} at {level}:\n" + "\n".join(fallbacks)
-
-
-@pytest.mark.parametrize("name", sorted(INTEGER_PATHS))
+@pytest.mark.parametrize("level, name", tiered(sorted(INTEGER_PATHS)))
 def test_integer_path_runs_in_a_whole_model(outputs, level, name):
     """MUL, SUB, SOFTMAX, LOGISTIC, QUANTIZE, CONCATENATION after a requantization, and in
     the nets HARD_SWISH, the batch-norms left as MUL / ADD by constants, the detector's
     concatenations across scales and its LOGISTIC scores, ran on their integer kernels in
     the bit-exact modules: the compile report names each one."""
     assert name in SINGLE_OPS + NETS  # so test_model_is_bit_exact compares its outputs
-    lowered = {(r.op, r.kernel) for r in outputs(level)[name].report
+    lowered = {(r.op, r.kernel) for r in outputs(level, name).report
                if isinstance(r, Lowered)}
     wanted = {(op, dict(kernel)[level] if isinstance(kernel, tuple) else kernel)
               for op, kernel in INTEGER_PATHS[name]}
@@ -143,10 +173,10 @@ def test_integer_path_runs_in_a_whole_model(outputs, level, name):
     assert not missing, f"{name} at {level}: {sorted(missing)} not in {sorted(lowered)}"
 
 
-@pytest.mark.parametrize("name", sorted(FLOAT_FALLBACK))
+@pytest.mark.parametrize("level, name", tiered(sorted(FLOAT_FALLBACK)))
 def test_float_fallback_runs_within_one_step(outputs, level, name, report):
     """An op without an integer kernel still runs, in float, within one step of TFLite."""
-    compiled = outputs(level)[name]
+    compiled = outputs(level, name)
     assert any(isinstance(r, Fallback) for r in compiled.report), \
         f"{name} at {level} did not fall back to float: {compiled.report}"
     assert len(compiled.runs) == len(SEEDS)
@@ -157,10 +187,17 @@ def test_float_fallback_runs_within_one_step(outputs, level, name, report):
             assert diff.max() <= 1 and (diff > 0).mean() <= FLOAT_FALLBACK[name]
 
 
-@pytest.mark.parametrize("name", NETS)
-def test_every_layer_of_the_nets_is_integer(name):
-    """No layer of the nets falls back to float QDQ, at any level."""
-    for level in ("neon", "dotprod", "i8mm"):
-        fallbacks = [r.line() for r in build.inspect(zoo.build(name), level)
-                     if isinstance(r, Fallback)]
-        assert fallbacks == [], f"{name} at {level}:\n" + "\n".join(fallbacks)
+def test_level_independent_models_are():
+    """The models the fast tier runs at one level compile to the same kernels at every
+    level, each a ``_neon`` one (or to none, or to float), and every other single-op model
+    to kernels that differ between levels: it runs at all three. Nothing is built."""
+    assert set(LEVEL_INDEPENDENT) <= set(SINGLE_OPS) | set(FLOAT_FALLBACK)
+    for name in SINGLE_OPS + sorted(FLOAT_FALLBACK):
+        assert same_code_at_every_level(zoo.build(name)) == (name in LEVEL_INDEPENDENT), name
+
+
+def test_every_level_runs_a_big_net_and_every_model_runs_fast():
+    """The fast tier's rotation leaves no level without a big net and no model out."""
+    assert set(BIG_NETS) <= set(NETS)
+    assert set(BIG_NETS.values()) == set(LEVELS)
+    assert all(fast_levels(name) for name in NETS + SINGLE_OPS + sorted(FLOAT_FALLBACK))

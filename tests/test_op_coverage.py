@@ -1,5 +1,6 @@
 """Quantized ops that real CNNs use around their convolutions, each as a single-op model,
-compiled for every ISA level, run on the emulated device and compared with TFLite's
+compiled for every ISA level (in the fast tier, a case whose kernels are the same at every
+level for one of them: ``TIERED``), run on the emulated device and compared with TFLite's
 reference kernels, bit for bit; the compile report must show no layer left in float.
 
 The cases are data (``CASES``: name, op, tensors, inputs, outputs, options): data
@@ -26,7 +27,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from armq_checks import one_level_in_turn, same_code_at_every_level
 from tvm_armq import build, export
+from tvm_armq.targets import LEVELS as _LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.tflite_writer import Operator, graph_model, single_op_model
 from tvm_armq.report import Fallback
@@ -325,41 +328,70 @@ def _model(case: Case) -> bytes:
                            list(case.inputs), list(case.outputs), options, version=1)
 
 
+# Ops whose kernels differ between ISA levels (a GEMM per level): their cases run at every
+# level in the fast tier; every other case compiles to the same ``_neon`` kernels (or to
+# TVM's own code) at each level and runs at one level, in turn, the other two in the
+# exhaustive tier (``test_level_independent_cases_are`` checks the split).
+LEVEL_DEPENDENT_OPS = {"TRANSPOSE_CONV"}
+LEVELS = tuple(_LEVELS)
+
+
+def _fast_levels(i: int, case: Case) -> tuple[str, ...]:
+    return LEVELS if case.op in LEVEL_DEPENDENT_OPS else (one_level_in_turn(i),)
+
+
+TIERED = [pytest.param(level, case.name, id=f"{level}-{case.name}",
+                       marks=() if level in _fast_levels(i, case) else pytest.mark.exhaustive)
+          for i, case in enumerate(CASES) for level in LEVELS]
+SEEDS = (0, 1)
+
+
 @pytest.fixture(scope="module")
 def results(devices, tmp_path_factory):
-    """level -> case name -> [(tvm_armq outputs, TFLite outputs, report) per seed]."""
+    """``results(level, name)`` -> [(tvm_armq outputs, TFLite outputs, report) per seed]:
+    the case compiled the first time a test asks for it, run in the level's one session of
+    this module."""
+    by_name = {c.name: c for c in CASES}
+    sessions: dict = {}
     cache: dict = {}
 
-    def get(level):
-        if level not in cache:
-            tmp = tmp_path_factory.mktemp(f"ops-{level}")
-            built = {}
-            for case in CASES:
-                model, report = TFLiteModel.load(_model(case)), []
-                lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
-                                           tmp / f"{case.name}.so")
-                built[case.name] = (model, lib, report)
-            session = devices.session(level)
-            cache[level] = {}
-            for name, (model, lib, report) in built.items():
-                run = build.DeviceModel(session, lib)
-                cache[level][name] = [(run(x), model.reference_outputs(x), report)
-                                      for x in (model.random_inputs(seed) for seed in (0, 1))]
-        return cache[level]
+    def get(level, name):
+        if (level, name) not in cache:
+            model, report = TFLiteModel.load(_model(by_name[name])), []
+            lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
+                                       tmp_path_factory.mktemp(f"ops-{level}") / f"{name}.so")
+            if level not in sessions:
+                sessions[level] = devices.session(level)
+            run = build.DeviceModel(sessions[level], lib)
+            cache[level, name] = [(run(x), model.reference_outputs(x), report)
+                                  for x in (model.random_inputs(seed) for seed in SEEDS)]
+        return cache[level, name]
 
-    return get
+    yield get
+    sessions.clear()  # the sessions end here, not in another module's test
 
 
-@pytest.mark.parametrize("name", [c.name for c in CASES])
+@pytest.mark.parametrize("level, name", TIERED)
 def test_op_is_integer_and_bit_exact(results, level, name):
-    for got, expected, report in results(level)[name]:
+    runs = results(level, name)
+    assert len(runs) == len(SEEDS)
+    for seed, (got, expected, report) in zip(SEEDS, runs):
         floats = [r.line() for r in report if isinstance(r, Fallback)]
         assert floats == [], floats
         assert len(got) == len(expected) > 0
         for g, e in zip(got, expected):
             assert g.shape == e.shape and g.dtype == e.dtype
-            np.testing.assert_array_equal(g, e, err_msg=f"{name} at {level}")
+            np.testing.assert_array_equal(g, e, err_msg=f"{name} at {level}, seed {seed}")
             assert len(np.unique(e)) > min(16, e.size // 4), "outputs must vary"
+
+
+def test_level_independent_cases_are():
+    """The cases the fast tier runs at one level compile to the same ``_neon`` kernels (or
+    TVM's own code) at every level; the others' kernels differ between levels. Nothing is
+    built."""
+    for case in CASES:
+        independent = same_code_at_every_level(TFLiteModel.load(_model(case)))
+        assert independent == (case.op not in LEVEL_DEPENDENT_OPS), case.name
 
 
 @pytest.mark.parametrize("case", ONE_TENSOR_CASES, ids=lambda c: c.name)
