@@ -712,8 +712,11 @@ def run_batch(session, level: str, seed: int, indices, ops, chains, workdir: Pat
     inputs = model.random_inputs(seed)
     expected = model.reference_outputs(inputs)
     report: list = []
+    # named by its first case and its size: the first case re-run alone after its batch
+    # failed must not overwrite the batch's library, which the device still has loaded
+    # (that kills the session, and every later case reads as an RPC error)
     lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
-                                workdir / f"batch-{seed}-{indices[0]}.so")
+                                workdir / f"batch-{seed}-{indices[0]}-{len(indices)}.so")
     got = build.run_on_device(session, lib, inputs)
     if not len(got) == len(expected) == len(cases):  # each case is one output of the batch
         raise RuntimeError(f"the batch of {len(cases)} cases gave {len(got)} outputs, "
