@@ -14,7 +14,8 @@ that a file's module fixtures are built once. Each worker starts its own devices
 of its own (``PORT_STEP`` apart) and recorded in a run directory of its own, so that the
 command-line tests of a worker find their worker's devices; the files that start tuning
 devices (one fixed port) share a group (``SHARED_GROUPS``). The heaviest files are handed
-out first (``HEAVY_FIRST``), so that the two workers end together.
+out first (``HEAVY_FIRST``), so that the two workers end together; the files of whole models
+are a group per level (``SPLIT_BY_LEVEL``).
 """
 
 from __future__ import annotations
@@ -150,8 +151,11 @@ def zoo_model():
 DEVICE_FIXTURES = ("devices", "run_funcs")
 # Files that must run on one worker together: both start `tune`'s device on its one port.
 SHARED_GROUPS = {"test_tuning": "tuning", "test_cli_errors": "tuning"}
+# Files of whole models whose tests at one level need nothing of another level's: a group
+# per level, so that the workers share them.
+SPLIT_BY_LEVEL = {"test_models", "test_baseline", "test_op_coverage"}
 # The files that take longest (``--durations``), handed out first; the rest in file order.
-HEAVY_FIRST = ["test_tuning", "test_cli_errors", "test_models", "test_conv2d_gemm",
+HEAVY_FIRST = ["test_tuning", "test_cli_errors", "test_models", "test_baseline", "test_conv2d_gemm",
                "test_depthwise", "test_qmuls", "test_cycles", "test_portable"]
 
 
@@ -173,7 +177,11 @@ def pytest_collection_modifyitems(config, items):
     rank = {m: i for i, m in enumerate(HEAVY_FIRST)}
     items.sort(key=lambda it: rank.get(_module(it), len(rank)))  # stable: file order kept
     for it in items:
-        it.add_marker(pytest.mark.xdist_group(SHARED_GROUPS.get(_module(it), _module(it))))
+        group = SHARED_GROUPS.get(_module(it), _module(it))
+        level = getattr(it, "callspec", None) and it.callspec.params.get("level")
+        if _module(it) in SPLIT_BY_LEVEL and level:
+            group += f"-{level}"
+        it.add_marker(pytest.mark.xdist_group(group))
 
 
 # ------------------------------------------------------------ accuracy report

@@ -31,6 +31,7 @@ does not compile, it loads cross-linked modules and runs them.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 import shutil
@@ -274,13 +275,18 @@ def _ensure_binfmt() -> None:
 
 
 def provision() -> None:
-    """Make this machine able to run the emulated device. Idempotent; quick when done."""
+    """Make this machine able to run the emulated device. Idempotent; quick when done.
+    One process at a time: another that provisions meanwhile (a second test worker, a
+    second command) waits for it, then finds everything in place, instead of racing it
+    for apt's lock and the sysroot's files."""
     home().mkdir(parents=True, exist_ok=True)
-    _ensure_debian_packages()
-    _ensure_sysroot()
-    _ensure_site()
-    _ensure_binfmt()
-    plugin_library()
+    with open(home() / "provision.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        _ensure_debian_packages()
+        _ensure_sysroot()
+        _ensure_site()
+        _ensure_binfmt()
+        plugin_library()
 
 
 PLUGIN_SOURCE = Path(__file__).with_name("blockcount.c")  # the cycle model's qemu plugin
