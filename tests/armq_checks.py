@@ -67,6 +67,13 @@ def output_pairs(got: list, expected: list, what: str) -> list:
     return pairs
 
 
+def assert_exact(got: list, expected: list, what: str) -> None:
+    """``output_pairs``' checks, then every element of every output equal to TFLite's."""
+    for i, (_, _, diff) in enumerate(output_pairs(got, expected, what)):
+        assert diff.max() == 0, f"{what} output {i}: {int((diff > 0).sum())} of {diff.size} " \
+                                f"elements differ, by up to {diff.max()}"
+
+
 # A live output takes more values than this in ``cli run``'s report of it: a model that
 # ran everything but collapsed onto a sign or a saturated pair passes nothing on its
 # word. (``assert_alive`` asks more of the outputs it sees itself; ``run`` reports only

@@ -6,7 +6,6 @@ its waiting left out. The tests that run code under qemu are marked ``device``."
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from tvm_armq import build, cli, cycles, export, targets, zoo
