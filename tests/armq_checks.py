@@ -114,6 +114,13 @@ def same_code_at_every_level(model) -> bool:
         all(k == "float" or k.endswith("_neon") for k in kernels[0])
 
 
+def tier(*values, id: str, fast: bool):
+    """``pytest.param`` of ``values``, marked ``exhaustive`` unless the fast tier runs it."""
+    import pytest
+
+    return pytest.param(*values, id=id, marks=() if fast else pytest.mark.exhaustive)
+
+
 def one_level_in_turn(i: int) -> str:
     """The level the fast tier runs the ``i``-th level-independent case at: the levels in
     turn, so that each runs some."""

@@ -132,6 +132,36 @@ def run_funcs(devices):
     return run
 
 
+@pytest.fixture(scope="module")
+def compiled_models(devices, tmp_path_factory):
+    """``compiled_models(level, name, model, seeds)`` -> (compile report, [(outputs,
+    TFLite's outputs) per seed]): ``model`` (a path, bytes or ``TFLiteModel``) compiled for
+    the level the first time a test of the module asks for ``(level, name)``, run on the
+    random inputs of each seed in the level's one session of the module (a device serves
+    one session at a time; the sessions end with the module)."""
+    from tvm_armq import build, export
+    from tvm_armq.tflite_model import TFLiteModel
+
+    sessions: dict = {}
+    cache: dict = {}
+
+    def get(level: str, name: str, model, seeds) -> tuple[list, list]:
+        if (level, name) not in cache:
+            model, report = TFLiteModel.load(model), []
+            lib = export.export_aarch64(
+                build.compile_tflite(model, level, report=report),
+                tmp_path_factory.mktemp(f"models-{level}") / f"{name.replace('.', '_')}.so")
+            if level not in sessions:
+                sessions[level] = devices.session(level)
+            run = build.DeviceModel(sessions[level], lib)
+            cache[level, name] = report, [(run(x), model.reference_outputs(x))
+                                          for x in map(model.random_inputs, seeds)]
+        return cache[level, name]
+
+    yield get
+    sessions.clear()
+
+
 @pytest.fixture(params=list(LEVELS))
 def level(request) -> str:
     """Each ISA level in turn."""

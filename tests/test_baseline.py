@@ -20,7 +20,7 @@ import dataclasses
 
 import numpy as np
 import pytest
-from armq_checks import output_pairs
+from armq_checks import one_level_in_turn, output_pairs, tier
 
 from tvm_armq import build, export, hooks, targets, tflite_import, zoo
 from tvm_armq.tflite_model import TFLiteModel
@@ -93,10 +93,9 @@ LEVELS = tuple(targets.LEVELS)
 # The fast tier runs the stock baseline of each single-op model at one level, in turn (the
 # float QDQ code differs little between levels); the nets, and the other levels, are in
 # the exhaustive tier: the baseline measures stock TVM, not tvm_armq.
-FAST = {spec.name: LEVELS[i % len(LEVELS)]
+FAST = {spec.name: one_level_in_turn(i)
         for i, spec in enumerate(s for s in zoo.specs() if s.op is not None)}
-CASES = [pytest.param(level, name, id=f"{level}-{name}",
-                      marks=() if FAST.get(name) == level else pytest.mark.exhaustive)
+CASES = [tier(level, name, id=f"{level}-{name}", fast=FAST.get(name) == level)
          for name in MODELS for level in LEVELS]
 
 

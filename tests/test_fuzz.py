@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import fuzz  # noqa: E402
 
+from armq_checks import tier  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
 
 CASES_DIR = Path(__file__).with_name("fuzz_cases")
@@ -32,9 +33,9 @@ SLICE_SEED = 20261124
 # the other 24.
 SLICE_N = 32
 FAST_N = 8
-SLICES = [pytest.param(level, range(FAST_N), id=f"{level}-fast") for level in LEVELS] + \
-    [pytest.param(level, range(FAST_N, SLICE_N), id=f"{level}-rest",
-                  marks=pytest.mark.exhaustive) for level in LEVELS]
+SLICES = [tier(level, cases, id=f"{level}-{part}", fast=part == "fast")
+          for part, cases in (("fast", range(FAST_N)), ("rest", range(FAST_N, SLICE_N)))
+          for level in LEVELS]
 
 
 def _reproducers() -> list[Path]:

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from armq_checks import assert_alive, assert_exact, assert_functions_use, one_level_in_turn
+from armq_checks import (assert_alive, assert_exact, assert_functions_use, one_level_in_turn,
+                         tier)
 
 from tvm_armq import build, export
 from tvm_armq.schedules import lut
@@ -195,8 +196,7 @@ def live_case(op: str, dtype: str, shape, rng: np.random.RandomState):
 
 # The models' kernels are lut_s8_neon / lut_u8_neon at every level: the fast tier runs them
 # at one level, the exhaustive tier at the others.
-UNARY_LEVELS = [pytest.param(level, id=level, marks=() if level == one_level_in_turn(0)
-                             else pytest.mark.exhaustive) for level in LEVELS]
+UNARY_LEVELS = [tier(level, id=level, fast=level == one_level_in_turn(0)) for level in LEVELS]
 
 
 @pytest.mark.device

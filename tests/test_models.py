@@ -28,11 +28,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from armq_checks import one_level_in_turn, output_pairs, same_code_at_every_level
+from armq_checks import one_level_in_turn, output_pairs, same_code_at_every_level, tier
 
-from tvm_armq import build, export, zoo
+from tvm_armq import zoo
 from tvm_armq.targets import LEVELS as _LEVELS
-from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.report import Fallback, Lowered
 
 pytestmark = pytest.mark.device
@@ -72,8 +71,7 @@ def fast_levels(name: str) -> tuple[str, ...]:
 def tiered(names) -> list:
     """(level, name) of every model at every level, those outside ``fast_levels`` marked
     ``exhaustive``."""
-    return [pytest.param(level, name, id=f"{level}-{name}",
-                         marks=() if level in fast_levels(name) else pytest.mark.exhaustive)
+    return [tier(level, name, id=f"{level}-{name}", fast=level in fast_levels(name))
             for name in names for level in LEVELS]
 
 
@@ -118,30 +116,11 @@ class Compiled:
     runs: list
 
 
-@pytest.fixture(scope="module")
-def outputs(devices, tmp_path_factory):
-    """``outputs(level, name)`` -> ``Compiled``: the model compiled (keeping its compile
-    report) the first time a test asks for it, run on every seed in the level's one
-    session of this module (a device serves one session at a time)."""
-    sessions: dict = {}
-    cache: dict = {}
-
-    def get(level: str, name: str) -> Compiled:
-        if (level, name) not in cache:
-            model, report = TFLiteModel.load(zoo.build(name)), []
-            lib = export.export_aarch64(
-                build.compile_tflite(model, level, report=report),
-                tmp_path_factory.mktemp(f"models-{level}") / f"{name.replace('.', '_')}.so")
-            if level not in sessions:
-                sessions[level] = devices.session(level)
-            run = build.DeviceModel(sessions[level], lib)
-            cache[level, name] = Compiled(report, [
-                (run(x), model.reference_outputs(x))
-                for x in (model.random_inputs(seed=seed) for seed in SEEDS)])
-        return cache[level, name]
-
-    yield get
-    sessions.clear()  # the sessions end here, not in another module's test
+@pytest.fixture
+def outputs(compiled_models):
+    """``outputs(level, name)`` -> ``Compiled``: the zoo model compiled at the level once
+    in this module, run on every seed."""
+    return lambda level, name: Compiled(*compiled_models(level, name, zoo.build(name), SEEDS))
 
 
 @pytest.mark.parametrize("level, name", tiered(NETS + SINGLE_OPS))

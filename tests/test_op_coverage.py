@@ -27,8 +27,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from armq_checks import one_level_in_turn, same_code_at_every_level
-from tvm_armq import build, export
+from armq_checks import one_level_in_turn, same_code_at_every_level, tier
+from tvm_armq import build
 from tvm_armq.targets import LEVELS as _LEVELS
 from tvm_armq.tflite_model import TFLiteModel
 from tvm_armq.tflite_writer import Operator, graph_model, single_op_model
@@ -340,44 +340,19 @@ def _fast_levels(i: int, case: Case) -> tuple[str, ...]:
     return LEVELS if case.op in LEVEL_DEPENDENT_OPS else (one_level_in_turn(i),)
 
 
-TIERED = [pytest.param(level, case.name, id=f"{level}-{case.name}",
-                       marks=() if level in _fast_levels(i, case) else pytest.mark.exhaustive)
+TIERED = [tier(level, case.name, id=f"{level}-{case.name}", fast=level in _fast_levels(i, case))
           for i, case in enumerate(CASES) for level in LEVELS]
+BY_NAME = {c.name: c for c in CASES}
 SEEDS = (0, 1)
 
 
-@pytest.fixture(scope="module")
-def results(devices, tmp_path_factory):
-    """``results(level, name)`` -> [(tvm_armq outputs, TFLite outputs, report) per seed]:
-    the case compiled the first time a test asks for it, run in the level's one session of
-    this module."""
-    by_name = {c.name: c for c in CASES}
-    sessions: dict = {}
-    cache: dict = {}
-
-    def get(level, name):
-        if (level, name) not in cache:
-            model, report = TFLiteModel.load(_model(by_name[name])), []
-            lib = export.export_aarch64(build.compile_tflite(model, level, report=report),
-                                       tmp_path_factory.mktemp(f"ops-{level}") / f"{name}.so")
-            if level not in sessions:
-                sessions[level] = devices.session(level)
-            run = build.DeviceModel(sessions[level], lib)
-            cache[level, name] = [(run(x), model.reference_outputs(x), report)
-                                  for x in (model.random_inputs(seed) for seed in SEEDS)]
-        return cache[level, name]
-
-    yield get
-    sessions.clear()  # the sessions end here, not in another module's test
-
-
 @pytest.mark.parametrize("level, name", TIERED)
-def test_op_is_integer_and_bit_exact(results, level, name):
-    runs = results(level, name)
+def test_op_is_integer_and_bit_exact(compiled_models, level, name):
+    report, runs = compiled_models(level, name, _model(BY_NAME[name]), SEEDS)
+    floats = [r.line() for r in report if isinstance(r, Fallback)]
+    assert floats == [], floats
     assert len(runs) == len(SEEDS)
-    for seed, (got, expected, report) in zip(SEEDS, runs):
-        floats = [r.line() for r in report if isinstance(r, Fallback)]
-        assert floats == [], floats
+    for seed, (got, expected) in zip(SEEDS, runs):
         assert len(got) == len(expected) > 0
         for g, e in zip(got, expected):
             assert g.shape == e.shape and g.dtype == e.dtype

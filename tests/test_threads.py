@@ -18,7 +18,7 @@ import textwrap
 
 import numpy as np
 import pytest
-from armq_checks import assert_exact, llvm_source
+from armq_checks import assert_exact, llvm_source, tier
 
 from tvm_armq import build, cli, device, export, threads, zoo
 from tvm_armq.schedules import gemm_plan
@@ -45,8 +45,7 @@ print(json.dumps({"pool": tvm.get_global_func("runtime.NumThreads")(), "outputs"
 
 # (level, threads): the fast tier runs two threads at dotprod (call_sequence's test runs one
 # and two at i8mm); the exhaustive tier every other combination.
-THREAD_CASES = [pytest.param(lvl, pool, id=f"{lvl}-{pool}",
-                             marks=() if (lvl, pool) == ("dotprod", 2) else pytest.mark.exhaustive)
+THREAD_CASES = [tier(lvl, pool, id=f"{lvl}-{pool}", fast=(lvl, pool) == ("dotprod", 2))
                 for lvl, pool in [(lvl, 2) for lvl in device.LEVELS]
                 + [("dotprod", 3), ("dotprod", 1)]]
 
