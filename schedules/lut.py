@@ -93,7 +93,7 @@ Q3_THREE_HALVES = (1 << 28) + (1 << 27)  # 1.5 with 3 integer bits
 Q0_HALF_SQRT2 = 1518500250             # sqrt(2) / 2 in Q0.31
 
 # The TFLite op -> the float function its 8-bit reference kernel tabulates
-FLOAT_FUNCTIONS = ("LOGISTIC", "TANH", "EXP")
+FLOAT_FUNCTIONS = ("LOGISTIC", "TANH", "EXP", "GELU")
 # RELU family: requantize and clamp to the activation's range (passed in as act_range)
 RELU_OPS = ("RELU", "RELU6", "RELU_N1_TO_1")
 
@@ -118,14 +118,37 @@ def _f32(v) -> np.float32:
 @functools.lru_cache(maxsize=None)
 def _libm():
     lib = ctypes.CDLL(ctypes.util.find_library("m"))
-    for name in ("expf", "tanhf"):
+    for name in ("expf", "tanhf", "erfcf"):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = ctypes.c_float, [ctypes.c_float]
     return lib
 
 
-def _float_function(op: str):
+# GELU's constants as TFLite's reference kernel (``reference_ops::GeluTransform*``) writes
+# them: each rounded to float32 once, from the double expression.
+GELU_MINUS_SQRT1_2 = np.float32(-np.sqrt(0.5))              # erfc's argument scale
+GELU_SQRT_2_OVER_PI = np.float32(2 / np.sqrt(np.pi) * np.sqrt(0.5))  # tanh form's scale
+GELU_CUBIC = np.float32(0.044715)
+
+
+def _gelu(lib, approximate: bool):
+    """TFLite's GELU in float32, operation by operation: ``0.5 x erfc(-x / sqrt 2)``, or
+    ``0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3)))`` with the cube multiplied left to
+    right."""
+    half, one = _f32(0.5), _f32(1.0)
+    if approximate:
+        def f(v):
+            cube = _f32(_f32(_f32(GELU_CUBIC * v) * v) * v)
+            inner = _f32(GELU_SQRT_2_OVER_PI * _f32(v + cube))
+            return _f32(_f32(half * v) * _f32(one + _f32(lib.tanhf(float(inner)))))
+        return f
+    return lambda v: _f32(_f32(half * v) * _f32(lib.erfcf(float(_f32(v * GELU_MINUS_SQRT1_2)))))
+
+
+def _float_function(op: str, approximate: bool = False):
     lib = _libm()
+    if op == "GELU":
+        return _gelu(lib, approximate)
     if op == "LOGISTIC":
         return lambda v: _f32(_f32(1.0) / (_f32(1.0) + _f32(lib.expf(float(-v)))))
     if op == "TANH":
@@ -135,10 +158,12 @@ def _float_function(op: str):
     raise ValueError(f"no float function for {op}: expected one of {FLOAT_FUNCTIONS}")
 
 
-def float_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
-    """TFLite's table of LOGISTIC, TANH or EXP for 8-bit tensors (``PopulateLookupTable``)."""
+def float_table(op: str, in_q, out_q, dtype: str = "int8", approximate: bool = False
+                ) -> np.ndarray:
+    """TFLite's table of LOGISTIC, TANH, EXP or GELU (``approximate``: its tanh form) for
+    8-bit tensors (``PopulateLookupTable`` / ``LUTPopulate``)."""
     (s_in, zp_in), (s_out, zp_out) = in_q, out_q
-    f, x = _float_function(op), _inputs(dtype)
+    f, x = _float_function(op, approximate), _inputs(dtype)
     inverse = _f32(1.0) / _f32(s_out)
     out = []
     for v in x:
@@ -146,6 +171,23 @@ def float_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
         rescaled = round_half_away(_f32(f(real) * inverse))
         out.append(float(_f32(_f32(rescaled) + _f32(zp_out))))  # float + zp, then (int)
     return _clamp(np.trunc(np.array(out)), dtype)
+
+
+# ----------------------------------------------------------------------------- float islands
+# Float ops the converter leaves between a DEQUANTIZE and a QUANTIZE, each exact in float32
+ISLAND_FUNCTIONS = {"NEG": np.negative}
+
+
+def island_table(op: str, in_q, out_q, dtype: str = "int8") -> np.ndarray:
+    """DEQUANTIZE -> ``op`` (float32) -> QUANTIZE as TFLite's reference kernels compute it:
+    ``d = (float)((double)s_in * (x - zp_in))``; ``y = op(d)``;
+    ``clamp(round(y / s_out) + zp_out)``, the quotient in float32, rounded half away."""
+    (s_in, zp_in), (s_out, zp_out) = in_q, out_q
+    x = _inputs(dtype)
+    d = (np.float64(np.float32(s_in)) * (x - int(zp_in))).astype(np.float32)
+    y = ISLAND_FUNCTIONS[op](d).astype(np.float32)
+    q = round_half_away(y / np.float32(s_out))
+    return _clamp(q.astype(np.int64) + int(zp_out), dtype)
 
 
 # ----------------------------------------------------------------------------- HARD_SWISH
@@ -316,7 +358,7 @@ def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
     entry ``k`` for input value ``dtype_min + k``; ``options``: LEAKY_RELU's ``alpha``,
     the RELU family's ``act_range``."""
     if op in FLOAT_FUNCTIONS:
-        return float_table(op, in_q, out_q, dtype)
+        return float_table(op, in_q, out_q, dtype, **options)
     if op == "HARD_SWISH":
         return hard_swish_table(in_q, out_q, dtype)
     if op == "LEAKY_RELU":
@@ -325,11 +367,14 @@ def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
         return relu_table(in_q, out_q, options["act_range"], dtype)
     if op == "RSQRT":
         return rsqrt_table(in_q, out_q, dtype)
+    if op in ISLAND_FUNCTIONS:
+        return island_table(op, in_q, out_q, dtype)
     raise ValueError(f"no table for TFLite op {op}: expected one of {', '.join(OPS)}")
 
 
-OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS + ("RSQRT",)
-INT8_ONLY = ("RSQRT", "EXP")  # TFLite has no uint8 kernel for these
+OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS + ("RSQRT",) + tuple(
+    ISLAND_FUNCTIONS)
+INT8_ONLY = ("RSQRT", "EXP", *ISLAND_FUNCTIONS)  # TFLite has no uint8 kernel for these
 
 
 def dtypes(op: str) -> tuple[str, ...]:

@@ -69,7 +69,7 @@ from .schedules.window import transpose_conv_padding
 # Quantized ops whose frontend conversion moves int8 bytes only (see the docstring).
 EXACT_DATA_MOVEMENT_OPS = frozenset({
     "PAD", "PADV2", "SHAPE", "STRIDED_SLICE", "SLICE", "SPLIT", "SPLIT_V", "SQUEEZE",
-    "EXPAND_DIMS", "TRANSPOSE", "PACK", "GATHER", "SPACE_TO_DEPTH", "DEPTH_TO_SPACE",
+    "EXPAND_DIMS", "TRANSPOSE", "PACK", "GATHER", "SPACE_TO_DEPTH", "DEPTH_TO_SPACE", "TILE",
 })
 
 NHWC_TO_NCHW, NCHW_TO_NHWC = (0, 3, 1, 2), (0, 2, 3, 1)  # permute_dims axes
@@ -259,6 +259,63 @@ def _convert_softmax(original):
     return convert_softmax
 
 
+def _convert_gelu(original):
+    """GELU of a quantized input as quantize(gelu(dequantize(x))), ``gelu_tanh`` for the
+    op's ``approximate`` form (the pass makes it TFLite's table); TVM's for a float one."""
+
+    def convert_gelu(self, op):
+        from tflite.GeluOptions import GeluOptions
+        from tvm import relax
+
+        x_t = self.get_input_tensors(op)[0]
+        if not x_t.qnn_params:
+            return original(self, op)
+        approximate = False
+        table = op.BuiltinOptions()
+        if table is not None:
+            opts = GeluOptions()
+            opts.Init(table.Bytes, table.Pos)
+            approximate = bool(opts.Approximate())
+        d = self.bb.normalize(self.dequantize(self.get_tensor_expr(x_t), x_t))
+        y = (relax.op.nn.gelu_tanh if approximate else relax.op.nn.gelu)(d)
+        return self.quantize(y, self.get_output_tensors(op)[0])
+
+    return convert_gelu
+
+
+def _last_two_swapped(x, rank: int):
+    from tvm import relax
+
+    return relax.op.permute_dims(x, [*range(rank - 2), rank - 1, rank - 2])
+
+
+def _convert_batch_matmul(original):
+    """BATCH_MATMUL of quantized operands as quantize(matmul(a, b)) of the dequantized
+    operands, ``adj_x`` / ``adj_y`` as a swap of the last two axes of that operand and the
+    batch axes broadcast as ``matmul`` broadcasts them (TFLite's rule); the pass makes it
+    one integer kernel. TVM's for float operands."""
+
+    def convert_batch_matmul(self, op):
+        from tflite.BatchMatMulOptions import BatchMatMulOptions
+        from tvm import relax
+
+        a_t, b_t = self.get_input_tensors(op)
+        out_t = self.get_output_tensors(op)[0]
+        if not (a_t.qnn_params and b_t.qnn_params and out_t.qnn_params):
+            return original(self, op)
+        opts = BatchMatMulOptions()
+        table = op.BuiltinOptions()
+        opts.Init(table.Bytes, table.Pos)
+        operands = []
+        for t, adjoint in ((a_t, opts.AdjX()), (b_t, opts.AdjY())):
+            d = self.bb.normalize(self.dequantize(self.get_tensor_expr(t), t))
+            rank = len(_recorded_shape(t.tensor))
+            operands.append(self.bb.normalize(_last_two_swapped(d, rank)) if adjoint else d)
+        return self.quantize(relax.op.matmul(*operands), out_t)
+
+    return convert_batch_matmul
+
+
 def _bind_named(converter, code: str, convert, positions: dict):
     """``convert`` with its result (a call) emitted as the variable ``op<index>_<code>``."""
 
@@ -296,10 +353,12 @@ def extend() -> None:
     conv.convert_reshape = _fold_computed_reshape(conv.convert_reshape)
     conv.convert_expand_dims = _convert_expand_dims
     conv._SUPPORTED_QUANTIZED_OPS = conv._SUPPORTED_QUANTIZED_OPS | {
-        "PRELU", "RESIZE_NEAREST_NEIGHBOR"}
+        "PRELU", "RESIZE_NEAREST_NEIGHBOR", "GELU", "BATCH_MATMUL"}
     conv.convert_transpose_conv = _convert_transpose_conv(conv.convert_transpose_conv)
     conv.convert_prelu = _convert_prelu(conv.convert_prelu)
     conv.convert_softmax = _convert_softmax(conv.convert_softmax)
+    conv.convert_gelu = _convert_gelu(conv.convert_gelu)
+    conv.convert_batch_matmul = _convert_batch_matmul(conv.convert_batch_matmul)
     conv.get_tensors = _one_scale_per_tensor(conv.get_tensors)
     conv.__init__ = _naming_init(conv.__init__)
     setattr(conv, _MARK, True)

@@ -140,8 +140,9 @@ def _match_layer(graph: Graph, quantize, clip) -> _Layer:
     act = clip_range(clip, (out_scale, out_zp), out_dtype)
 
     if core.op.name == "relax.matmul":
-        if len(shape_of(x)) != 2 or weight.ndim != 2:
-            raise NotInteger("matmul that is not [rows, K] x [K, N]")
+        # FULLY_CONNECTED, on a [..., K] input (keep_num_dims: the leading axes are rows)
+        if len(shape_of(x)) < 2 or weight.ndim != 2:
+            raise NotInteger("matmul that is not [..., K] x [K, N]")
         op, n_out = "dense", weight.shape[1]
         attrs = None
     else:
@@ -313,7 +314,7 @@ def _gemm_kernel(layer: _Layer, label: str, opts: _Options):
 
     in_shape = shape_of(layer.x)
     if layer.op == "dense":
-        rows, k = in_shape
+        rows, k = int(np.prod(in_shape[:-1])), in_shape[-1]
         shape = Conv2DShape.dense(rows, k, layer.weight.shape[1])
         w_hwio = layer.weight[None, None]
     else:
@@ -695,12 +696,15 @@ def _unary_of(graph: Graph, y):
     of an 8-bit unary op that ``schedules.lut`` tabulates, else None::
 
         sigmoid(d) LOGISTIC   tanh(d) TANH   leakyrelu(d) LEAKY_RELU   relu(d) RELU
-        rsqrt(d) RSQRT   exp(d) EXP
+        rsqrt(d) RSQRT   exp(d) EXP   gelu(d), gelu_tanh(d) GELU
+        negative(d) NEG: the float island DEQUANTIZE -> NEG -> QUANTIZE that TFLite's
+                    converter leaves in a LayerNorm (``lut.island_table``)
         clip(d, 0, 6) RELU6   clip(d, -1, 1) RELU_N1_TO_1
         divide(multiply(d, clip(add(d, 3), 0, 6)), 6) HARD_SWISH
     """
     simple = {"relax.sigmoid": "LOGISTIC", "relax.tanh": "TANH", "relax.rsqrt": "RSQRT",
-              "relax.exp": "EXP",
+              "relax.exp": "EXP", "relax.nn.gelu": "GELU", "relax.nn.gelu_tanh": "GELU",
+              "relax.negative": "NEG",
               "relax.nn.leakyrelu": "LEAKY_RELU", "relax.nn.relu": "RELU"}
     call = graph.call(y, *simple, "relax.clip", "relax.divide")
     if call is None:
@@ -708,7 +712,8 @@ def _unary_of(graph: Graph, y):
     name = call.op.name
     if name in simple:
         deq = graph.call(call.args[0], "relax.dequantize")
-        options = {"alpha": float(call.attrs.alpha)} if name == "relax.nn.leakyrelu" else {}
+        options = {"alpha": float(call.attrs.alpha)} if name == "relax.nn.leakyrelu" else \
+            {"approximate": name == "relax.nn.gelu_tanh"} if simple[name] == "GELU" else {}
         return (simple[name], deq, options) if deq is not None else None
     if name == "relax.clip":
         bounds = tuple(float(v.value) for v in call.args[1:3])
@@ -802,6 +807,51 @@ def _lut(graph: Graph, quantize, clip, unary, label: str) -> _KernelCall:
     shape = shape_of(quantize)
     record = Lowered(op.lower(), label, shape_of(x), shape, names.elementwise_name("lut", dtype))
     return _KernelCall(lut.lut_func(shape, dtype), "lut", [x], [table], shape, record, dtype)
+
+
+def _matmul_operand(graph: Graph, expr, what: str):
+    """(int8 variable or constant, (scale, zp), adjoint) of a BATCH_MATMUL operand as the
+    frontend writes it: ``dequantize(x)``, or ``permute_dims`` of that swapping the last two
+    axes (``adj_x`` / ``adj_y``)."""
+    adjoint = False
+    perm = graph.call(expr, "relax.permute_dims")
+    if perm is not None:
+        rank = len(shape_of(perm.args[0]))
+        if [int(a) for a in perm.attrs.axes] != [*range(rank - 2), rank - 1, rank - 2]:
+            raise NotInteger(f"{what} is permuted other than by a swap of its last two axes")
+        expr, adjoint = perm.args[0], True
+    x, q = _quantized_operand(graph, expr, what)
+    return x, q, adjoint
+
+
+def _is_constant_weight(graph: Graph, matmul) -> bool:
+    """A matmul whose right operand is a dequantized constant (a dense layer's weight)."""
+    deq = dequantize_of(graph, matmul.args[1])
+    return deq is not None and graph.const(deq.args[0]) is not None
+
+
+def _batch_matmul(graph: Graph, quantize, clip, matmul, label: str) -> _KernelCall:
+    """BATCH_MATMUL of two int8 tensors (or of a tensor and a constant), TFLite's
+    arithmetic (``schedules.batch_matmul``)."""
+    from tvm_armq.schedules import batch_matmul as bm
+
+    if str(quantize.attrs.out_dtype) != "int8":
+        raise NotInteger(f"output dtype {quantize.attrs.out_dtype} (int8 only)")
+    out_q = qparams(graph, quantize).scalar("the output")
+    (a, a_q, adj_x), (b, b_q, adj_y) = (_matmul_operand(graph, e, f"operand {i}")
+                                        for i, e in enumerate(matmul.args))
+    if isinstance(a, np.ndarray):
+        raise NotInteger("a constant left operand")
+    try:
+        shape = bm.BatchMatmulShape(_operand_shape(a), _operand_shape(b), adj_x, adj_y)
+        p = bm.batch_matmul_params(a_q, b_q, out_q, _out_range(clip, ACT_NONE, out_q))
+    except ValueError as e:
+        raise NotInteger(str(e)) from None
+    if shape.out != shape_of(quantize):
+        raise NotInteger(f"output shape {shape_of(quantize)} is not {shape.out}")
+    record = Lowered("batch_matmul", label, shape.lhs, shape.out,
+                     names.elementwise_name("batch_matmul"))
+    return _binary_call(bm.batch_matmul_func(shape, p), "batch_matmul", a, b, shape.out, record)
 
 
 # TFLite's (align_corners, half_pixel_centers) by the frontend's coordinate transformation
@@ -915,6 +965,10 @@ def _lowering_rewriter():
             core = self.graph.call(before, *_op_names(self.graph.defs.get(before)))
             op = core.op.name.replace("relax.", "").replace("nn.", "") if core is not None \
                 else "quantize"
+            if op == "matmul" and (not _is_constant_weight(self.graph, core)
+                                   or _tflite_code(label) == "BATCH_MATMUL"):
+                return self._try(label, "batch_matmul", lambda: _batch_matmul(
+                    self.graph, quantize, clip, core, label))
             if op in ("conv2d", "matmul") or (op == "add" and self._is_bias_add(core)):
                 return self._try(label, op, lambda: self._gemm(label, quantize, clip))
             found = _transpose_conv_of(self.graph, quantize.args[0])
@@ -1026,6 +1080,14 @@ def _lowering_rewriter():
             return out
 
     return Rewriter
+
+
+def _tflite_code(label: str) -> str | None:
+    """The TFLite op code of a layer's variable (``frontend.operator_name``), if named so."""
+    from .frontend import operator_of
+
+    found = operator_of(label)
+    return found[1] if found else None
 
 
 def _op_names(value) -> tuple[str, ...]:
