@@ -27,6 +27,8 @@ import dataclasses
 
 import numpy as np
 
+from tvm_armq.intrinsics import kernels
+from tvm_armq.intrinsics.kernels import Kernel
 from tvm_armq.intrinsics.requant import quantize_multiplier
 
 OP = "BATCH_MATMUL"
@@ -114,8 +116,49 @@ def reference(lhs, rhs, shape: BatchMatmulShape, p: BatchMatmulParams) -> np.nda
     return requantize(acc, p.multiplier, p.shift, p.out_zp, *p.act_range, "int8")
 
 
-def batch_matmul_func(shape: BatchMatmulShape, p: BatchMatmulParams, *, schedule: bool = True):
-    """The PrimFunc ``(lhs, rhs, out)`` of ``shape``'s product with ``p``'s requantization."""
+# ------------------------------------------------------------------ the kernel
+# The target of ``target=None`` ("any aarch64"): the Armv8.0 baseline every aarch64 CPU runs.
+AARCH64_BASELINE = {"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mattr": ["+neon"]}
+
+
+def _target(target):
+    """``target`` as a ``tvm.target.Target`` (None: ``AARCH64_BASELINE``). A portable
+    target's own attributes are its baseline level's (``tvm_armq.targets.portable``), so
+    the kernel chosen for it is the baseline's and never SIGILLs there."""
+    import tvm
+
+    if target is None:
+        return tvm.target.Target(AARCH64_BASELINE)
+    return target if isinstance(target, tvm.target.Target) else tvm.target.Target(target)
+
+
+def kernel_for(shape: BatchMatmulShape, target=None) -> Kernel:
+    """The GEMM micro-kernel of the selection table the scheduled func runs ``shape`` on:
+    ``kernels.select`` for int8 x int8 with the product's rows (M) and depth (K)."""
+    return kernels.select(_target(target), "int8", "int8", rows=shape.rows, depth=shape.depth)
+
+
+def kernel_name(shape: BatchMatmulShape, target=None) -> str:
+    """The name of the micro-kernel the scheduled func of ``shape`` uses on ``target`` (the
+    naming grammar's GEMM name, ``gemm_s8s8s32_<mr>x<nr>x<kr>_<isa>``)."""
+    return kernel_for(shape, target).name
+
+
+# ------------------------------------------------------------------ the definition
+def _operand_index(operand_shape, batch, b_idx):
+    """The batch indices of an operand of ``operand_shape`` at output batch index
+    ``b_idx``: its batch axes align with the last ones of ``batch``; an axis of 1 repeats."""
+    lead = len(batch) - (len(operand_shape) - 2)
+    return [0 if n == 1 else b_idx[lead + d] for d, n in enumerate(operand_shape[:-2])]
+
+
+def _element(t, adjoint: bool, idx, r, c):
+    """Element (r, c) of operand ``t`` after its adjoint, at its batch index ``idx``."""
+    return t[(*idx, c, r) if adjoint else (*idx, r, c)]
+
+
+def _definition_te(shape: BatchMatmulShape, p: BatchMatmulParams):
+    """(lhs, rhs, out) of the plain definition: one int32 reduction per output element."""
     from tvm import te
 
     from tvm_armq.intrinsics.qmuls import requantize
@@ -125,26 +168,142 @@ def batch_matmul_func(shape: BatchMatmulShape, p: BatchMatmulParams, *, schedule
     k = te.reduce_axis((0, shape.depth), "k")
     batch = shape.batch
 
-    def at(t, t_shape, adjoint, b_idx, r, c):
-        """Element (r, c) of operand ``t`` (after its adjoint) at batch index ``b_idx``."""
-        lead = len(batch) - (len(t_shape) - 2)
-        idx = [0 if n == 1 else b_idx[lead + d] for d, n in enumerate(t_shape[:-2])]
-        return t[(*idx, c, r) if adjoint else (*idx, r, c)]
-
     def acc(*idx):
         b_idx, i, j = idx[:-2], idx[-2], idx[-1]
-        a = at(lhs, shape.lhs, shape.adj_x, b_idx, i, k).astype("int32") - p.lhs_zp
-        b = at(rhs, shape.rhs, shape.adj_y, b_idx, k, j).astype("int32") - p.rhs_zp
-        return te.sum(a * b, axis=k)
+        a = _element(lhs, shape.adj_x, _operand_index(shape.lhs, batch, b_idx), i, k)
+        b = _element(rhs, shape.adj_y, _operand_index(shape.rhs, batch, b_idx), k, j)
+        return te.sum((a.astype("int32") - p.lhs_zp) * (b.astype("int32") - p.rhs_zp), axis=k)
 
     total = te.compute(shape.out, acc, name="acc")
     out = te.compute(shape.out, lambda *i: requantize(
         total(*i), p.multiplier, p.shift, p.out_zp, *p.act_range).astype("int8"), name="out")
-    func = te.create_prim_func([lhs, rhs, out])
-    return _schedule(func) if schedule else func
+    return lhs, rhs, out
 
 
-def _schedule(func):
+# ------------------------------------------------------------------ the packed GEMM
+@dataclasses.dataclass(frozen=True)
+class PackedLayout:
+    """The blocks of ``shape``'s GEMM on ``kernel``: mb x nb micro-tiles of mr x nr
+    outputs over kb blocks of kr (each ceil: rows and columns past M and N repeat the last
+    one and are never stored, K past ``depth`` is zero)."""
+
+    shape: BatchMatmulShape
+    kernel: Kernel
+
+    @property
+    def mb(self) -> int:
+        return -(-self.shape.rows // self.kernel.mr)
+
+    @property
+    def nb(self) -> int:
+        return -(-self.shape.cols // self.kernel.nr)
+
+    @property
+    def kb(self) -> int:
+        return -(-self.shape.depth // self.kernel.kr)
+
+
+def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr: int,
+             name: str, transposed: bool):
+    """``name``[*batch of t, rows/xr, depth/kr, xr, kr]: operand ``t`` as the kernel's
+    packed blocks, row x of the block at row min(x, rows - 1), K past ``depth`` zero.
+    ``transposed``: the GEMM operand is t's rows (False) or t's columns (True) after its
+    adjoint."""
+    from tvm import te, tirx
+
+    xb, kb = -(-rows // xr), -(-depth // kr)
+
+    def element(*ix):
+        idx, bx, bk, x, kk = ix[:-4], *ix[-4:]
+        r = bx * xr + x
+        if rows % xr:
+            r = tirx.min(r, rows - 1)
+        k = bk * kr + kk
+        v = _element(t, adjoint != transposed, idx, r, k)
+        if depth % kr:
+            v = tirx.if_then_else(k < depth, v, tirx.const(0, "int8"))
+        return v
+
+    return te.compute((*operand_shape[:-2], xb, kb, xr, kr), element, name=name)
+
+
+def _sums_te(packed, name: str):
+    """``name``[*batch, blocks, xr]: each packed row summed over K (int32; K's zero
+    padding adds nothing)."""
+    from tvm import te
+
+    *lead, _, kb, xr, kr = (int(d) for d in packed.shape)
+    rb, rk = te.reduce_axis((0, kb), "sb"), te.reduce_axis((0, kr), "sk")
+    return te.compute(
+        (*lead, int(packed.shape[-4]), xr),
+        lambda *ix: te.sum(packed[(*ix[:-1], rb, ix[-1], rk)].astype("int32"), axis=[rb, rk]),
+        name=name)
+
+
+def _packed_te(shape: BatchMatmulShape, p: BatchMatmulParams, kernel: Kernel):
+    """(lhs, rhs, out) of the packed GEMM: stages ``A_packed``, ``B_packed``, their row
+    sums ``A_sum`` / ``B_sum`` (where the other operand's zero point needs them),
+    ``gemm`` (int32 blocks) and ``output`` (zero-point terms and requantization)."""
+    from tvm import te
+
+    from tvm_armq.intrinsics.qmuls import requantize_narrow
+
+    lay = PackedLayout(shape, kernel)
+    mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
+    m, n, k = shape.rows, shape.cols, shape.depth
+    batch = shape.batch
+    lhs = te.placeholder(shape.lhs, "int8", "lhs")
+    rhs = te.placeholder(shape.rhs, "int8", "rhs")
+    a_packed = _pack_te(lhs, shape.lhs, shape.adj_x, m, k, mr, kr, "A_packed", False)
+    b_packed = _pack_te(rhs, shape.rhs, shape.adj_y, n, k, nr, kr, "B_packed", True)
+    a_sum = _sums_te(a_packed, "A_sum") if p.rhs_zp else None
+    b_sum = _sums_te(b_packed, "B_sum") if p.lhs_zp else None
+    rb, rk = te.reduce_axis((0, lay.kb), "kb"), te.reduce_axis((0, kr), "kk")
+
+    def block(*ix):
+        b_idx, (bm, bn, i, j) = ix[:-4], ix[-4:]
+        ia, ib = _operand_index(shape.lhs, batch, b_idx), _operand_index(shape.rhs, batch, b_idx)
+        return te.sum(a_packed[(*ia, bm, rb, i, rk)].astype("int32")
+                      * b_packed[(*ib, bn, rb, j, rk)].astype("int32"), axis=[rb, rk])
+
+    gemm = te.compute((*batch, lay.mb, lay.nb, mr, nr), block, name="gemm")
+    constant = k * p.lhs_zp * p.rhs_zp
+
+    def output(*ix):
+        b_idx, r, c = ix[:-2], ix[-2], ix[-1]
+        ia, ib = _operand_index(shape.lhs, batch, b_idx), _operand_index(shape.rhs, batch, b_idx)
+        x = gemm[(*b_idx, r // mr, c // nr, r % mr, c % nr)]
+        # sum (a - za)(b - zb) = sum ab - zb sum a - za sum b + K za zb
+        if a_sum is not None:
+            x = x - a_sum[(*ia, r // mr, r % mr)] * p.rhs_zp
+        if b_sum is not None:
+            x = x - b_sum[(*ib, c // nr, c % nr)] * p.lhs_zp
+        if constant:
+            x = x + constant
+        return requantize_narrow(x, p.multiplier, p.shift, p.out_zp, *p.act_range)
+
+    out = te.compute(shape.out, output, name="output")
+    return lhs, rhs, out
+
+
+def batch_matmul_func(shape: BatchMatmulShape, p: BatchMatmulParams, *, target=None,
+                      schedule: bool = True):
+    """The PrimFunc ``(lhs, rhs, out)`` of ``shape``'s product with ``p``'s requantization,
+    for ``target`` (a tvm.target.Target; None: any aarch64). ``schedule=False``: the plain
+    definition (one reduction per output element); else the packed GEMM on the target's
+    micro-kernel (``kernel_for``), scheduled."""
+    from tvm import te
+
+    if not schedule:
+        return te.create_prim_func(list(_definition_te(shape, p)))
+    kernel = kernel_for(shape, target)
+    if kernel.intrin is None:  # the scalar reference: the definition's loops, parallel
+        return _schedule_definition(te.create_prim_func(list(_definition_te(shape, p))))
+    func = te.create_prim_func(list(_packed_te(shape, p, kernel)))
+    return _schedule_packed(func, shape, kernel, _target(target))
+
+
+def _schedule_definition(func):
     """Batch and row loops fused and parallel; the output row's requantization vectorized."""
     from tvm import s_tir
 
@@ -155,4 +314,93 @@ def _schedule(func):
     sch.parallel(outer)
     sch.compute_at(acc, outer)
     sch.vectorize(sch.get_loops(out)[-1])
+    return sch.mod["main"]
+
+
+def _knobs(shape: BatchMatmulShape, kernel: Kernel):
+    """The conv2d / dense GEMM's macro tile for one batch's M x K x N (``gemm_plan``,
+    A and B packed)."""
+    from .gemm_layout import Conv2DShape
+    from .gemm_plan import plan
+
+    lay = PackedLayout(shape, kernel)
+    dense = Conv2DShape.dense(lay.mb * kernel.mr, shape.depth, shape.cols)
+    return plan(dense, kernel, direct=False, by_pixel=False).main.knobs
+
+
+def _schedule_pack(sch, name: str):
+    """A pack stage: its outer loop parallel, each block row's kr bytes one vector."""
+    if not _has_block(sch, name):
+        return
+    block = sch.get_sblock(name)
+    loops = sch.get_loops(block)
+    sch.parallel(sch.fuse(*loops[:-3]))
+    sch.vectorize(sch.get_loops(block)[-1])
+
+
+def _has_block(sch, name: str) -> bool:
+    try:
+        sch.get_sblock(name)
+    except Exception:  # noqa: BLE001 - s_tir raises its own error type
+        return False
+    return True
+
+
+def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
+    from tvm import s_tir
+
+    from tvm_armq.intrinsics import registry
+
+    from .tir_util import largest_divisor, loops_below
+
+    sch = s_tir.Schedule(func)
+    knobs = _knobs(shape, kernel)
+    lay = PackedLayout(shape, kernel)
+    mr, nr = kernel.mr, kernel.nr
+    m_tiles = largest_divisor(lay.mb, knobs.m_tiles)
+    n_tiles = largest_divisor(lay.nb, knobs.n_tiles)
+    gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output")
+    nbatch = len(shape.batch)
+    # the output's loops as macro tiles: (batch, column tile, row tile, row, column)
+    o_loops = sch.get_loops(out)
+    outer = [sch.fuse(*o_loops[:nbatch])] if nbatch else []
+    mo, mi = sch.split(o_loops[nbatch], [lay.mb // m_tiles, m_tiles * mr])
+    no, ni = sch.split(o_loops[nbatch + 1], [lay.nb // n_tiles, n_tiles * nr])
+    sch.reorder(*outer, no, mo, mi, ni)
+    sch.compute_at(gemm, mo)
+    # compute_at makes a loop for each of the tile's block axes longer than 1
+    extents = {"bm": m_tiles, "bn": n_tiles, "i": mr, "j": nr, "kb": lay.kb,
+               "kk": kernel.kr}
+    found = iter(loops_below(sch, gemm, mo))
+    g = {name: next(found) for name, extent in extents.items() if extent > 1}
+    tiles = [g[name] for name in ("bm", "bn") if name in g]
+    if "i" not in g:  # a one-row kernel: its desc still has the (unit) row loop
+        g["i"] = sch.add_unit_loop(g["j"])
+    block = [g[name] for name in ("i", "j", "kk")]
+    whole_k = kernels.K_LOOP in kernel.forms and lay.kb > 1
+    if whole_k:
+        sch.reorder(*tiles, g["kb"], *block)
+        k_outer, unrolled, tensorized = g["kb"], tiles, g["kb"]
+    elif "kb" in g:
+        kb_o, kb_i = sch.split(g["kb"], [None, largest_divisor(lay.kb, knobs.k_unroll)])
+        sch.reorder(kb_o, kb_i, *tiles, *block)
+        k_outer, unrolled, tensorized = kb_o, [kb_i, *tiles], block[0]
+    else:  # one K block: the tile's blocks, each initialised in place
+        k_outer, unrolled, tensorized = block[0], tiles, block[0]
+    for name in ("A_packed", "B_packed"):
+        _schedule_pack(sch, name)
+    for name in ("A_sum", "B_sum"):
+        if _has_block(sch, name):
+            block = sch.get_sblock(name)
+            sch.parallel(sch.fuse(*sch.get_loops(block)[:-3]))
+    sch.parallel(sch.fuse(*outer, no))
+    sch.decompose_reduction(gemm, k_outer)
+    for loop in unrolled:
+        sch.unroll(loop)
+    sch.vectorize(ni)
+    sch.unroll(mi)
+    if whole_k:
+        registry.tensorize(sch, tensorized, kernel, target, k_blocks=lay.kb)
+    else:
+        registry.tensorize(sch, tensorized, kernel, target)
     return sch.mod["main"]
