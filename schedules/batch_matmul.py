@@ -229,15 +229,20 @@ def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr
 
 def _sums_te(packed, name: str):
     """``name``[*batch, blocks, xr]: each packed row summed over K (int32; K's zero
-    padding adds nothing)."""
+    padding adds nothing), in two stages read in the packed order: ``name``_part[*batch,
+    blocks, xr, kr], the block row's K blocks added (one vector of xr * kr lanes each),
+    then each row's kr lanes."""
     from tvm import te
 
-    *lead, _, kb, xr, kr = (int(d) for d in packed.shape)
-    rb, rk = te.reduce_axis((0, kb), "sb"), te.reduce_axis((0, kr), "sk")
-    return te.compute(
-        (*lead, int(packed.shape[-4]), xr),
-        lambda *ix: te.sum(packed[(*ix[:-1], rb, ix[-1], rk)].astype("int32"), axis=[rb, rk]),
-        name=name)
+    *lead, xb, kb, xr, kr = (int(d) for d in packed.shape)
+    rb = te.reduce_axis((0, kb), "sb")
+    part = te.compute(
+        (*lead, xb, xr, kr),
+        lambda *ix: te.sum(packed[(*ix[:-2], rb, *ix[-2:])].astype("int32"), axis=rb),
+        name=name + "_part")
+    rk = te.reduce_axis((0, kr), "sk")
+    return te.compute((*lead, xb, xr), lambda *ix: te.sum(part[(*ix, rk)], axis=rk),
+                      name=name)
 
 
 def _packed_te(shape: BatchMatmulShape, p: BatchMatmulParams, kernel: Kernel):
@@ -329,13 +334,32 @@ def _knobs(shape: BatchMatmulShape, kernel: Kernel):
 
 
 def _schedule_pack(sch, name: str):
-    """A pack stage: its outer loop parallel, each block row's kr bytes one vector."""
-    if not _has_block(sch, name):
-        return
+    """A pack stage: its outer loop parallel, each block row's kr bytes one vector (a
+    gather where the operand is stored K-major: measured, reading the xr bytes of each K
+    step as one vector and storing them across the block was no faster at dotprod and
+    slower at i8mm)."""
     block = sch.get_sblock(name)
     loops = sch.get_loops(block)
     sch.parallel(sch.fuse(*loops[:-3]))
     sch.vectorize(sch.get_loops(block)[-1])
+
+
+def _schedule_sums(sch, name: str):
+    """Row sums of a packed operand: per block row, a loop over its K blocks adding each
+    block (xr * kr int32 lanes, one vector), then each row's kr lanes; the block rows in
+    parallel."""
+    from .tir_util import loops_below
+
+    part, total = sch.get_sblock(name + "_part"), sch.get_sblock(name)
+    loops = sch.get_loops(total)
+    row_block = sch.fuse(*loops[:-2])
+    sch.compute_at(part, row_block, preserve_unit_loops=True)
+    x, kk, kb = loops_below(sch, part, row_block)[-3:]
+    sch.reorder(kb, x, kk)
+    lanes = sch.fuse(x, kk)
+    sch.vectorize(lanes)
+    sch.parallel(row_block)
+    sch.decompose_reduction(part, kb)
 
 
 def _has_block(sch, name: str) -> bool:
@@ -391,8 +415,7 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
         _schedule_pack(sch, name)
     for name in ("A_sum", "B_sum"):
         if _has_block(sch, name):
-            block = sch.get_sblock(name)
-            sch.parallel(sch.fuse(*sch.get_loops(block)[:-3]))
+            _schedule_sums(sch, name)
     sch.parallel(sch.fuse(*outer, no))
     sch.decompose_reduction(gemm, k_outer)
     for loop in unrolled:
