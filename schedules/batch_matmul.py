@@ -14,11 +14,29 @@ float32, then divided in double (TFLite's ``GetQuantizedConvolutionMultipler``),
 ``QuantizeMultiplier``. ``M`` rounds twice (gemmlowp's way), as the 32-bit accumulator
 overload does (measured on ``BUILTIN_REF``: ``tests/test_batch_matmul.py``).
 
-Layout: both operands are read where they lie, row-major, no copy: ``lhs`` is
-[..., M, K] (or [..., K, M] with ``adj_x``), ``rhs`` [..., K, N] (or [..., N, K] with
-``adj_y``: Q.K^T reads K's rows, each a column of the product, contiguous in k).
-``batch_matmul_func(schedule=False)`` is the plain definition; the schedule keeps its
-arithmetic and runs the batch and row loops in parallel.
+Layout. ``batch_matmul_func(schedule=False)`` is the plain definition: both operands read
+where they lie, one int32 reduction per output element. The scheduled func runs the
+product on the level's GEMM micro-kernel (``intrinsics/kernels.py``: ``kernel_for`` is
+``kernels.select`` for the product's M and K; ``kernel_name`` names it), as a dense layer
+does, except that both operands arrive at run time, so both are packed by stages of the
+same PrimFunc, per operand batch (a broadcast operand is packed once):
+
+    A_packed[*lhs batch, M/mr, K/kr, mr, kr]   rows of lhs (its columns with adj_x)
+    B_packed[*rhs batch, N/nr, K/kr, nr, kr]   columns of rhs (its rows with adj_y:
+                                               Q.K^T's K rows are B's rows as they lie)
+
+K is zero-padded to kr in both (the padded products are 0 x 0), rows past M and N repeat
+the last one (computed, never stored). The zero points, with sums over the real K only:
+
+    sum_k (a - za)(b - zb) = sum_k ab - zb * A_sum[m] - za * B_sum[n] + K za zb
+
+``A_sum`` / ``B_sum`` (only where the other operand's zero point is not 0) add the packed
+blocks in order, one vector per K block. The ``gemm`` stage is computed one macro tile
+(the conv2d GEMM's knobs, ``gemm_plan``) at a time where the ``output`` stage consumes
+it: the int32 tile stays in registers, gets the zero-point terms and TFLite's
+double-rounded requantization (``qmuls.requantize_narrow``, the int8 output step) and is
+stored as int8; only the tile's rows and columns inside M x N are stored. Macro-tile
+columns of every batch run in parallel.
 """
 
 from __future__ import annotations
