@@ -1,5 +1,6 @@
-"""Quantized 8-bit unary ops (LOGISTIC, TANH, EXP, HARD_SWISH, LEAKY_RELU, RELU, RELU6,
-RELU_N1_TO_1, RSQRT) as one table lookup per element.
+"""Quantized 8-bit unary ops (LOGISTIC, TANH, EXP, GELU, HARD_SWISH, LEAKY_RELU, RELU,
+RELU6, RELU_N1_TO_1, RSQRT, and the float islands a converter leaves between a DEQUANTIZE
+and a QUANTIZE) as one table lookup per element.
 
 Read this first. Every one of these TFLite operators maps one 8-bit input value to one
 8-bit output value, through arithmetic that depends only on that value and on the
@@ -19,6 +20,14 @@ LOGISTIC, TANH, EXP (``float_table``; TFLite's reference kernels build exactly t
     f = ``1 / (1 + expf(-v))``, ``tanhf(v)`` or ``expf(v)``. The float functions are the C
     library's own ``expf`` / ``tanhf`` (loaded with ctypes): TFLite calls those, so a result that
     lies one float32 ulp from a rounding boundary rounds the same way here.
+GELU (``float_table``; TFLite's GELU builds the same table in its Prepare, ``LUTPopulate``)
+    As LOGISTIC, with f = ``0.5 v erfcf(v * -sqrt(1/2))`` or, ``approximate``, its tanh
+    form ``0.5 v (1 + tanhf(sqrt(2/pi) (v + 0.044715 v^3)))``, each product in float32 in
+    TFLite's order (``_gelu``).
+NEG island (``island_table``; DEQUANTIZE -> NEG -> QUANTIZE, TFLite's reference kernels
+    one after the other: a LayerNorm's converter leaves NEG in float)
+    ``d = (float)((double)s_in * (x - zp_in))``, ``y = -d``,
+    ``clamp(round(y / s_out) + zp_out)`` with the quotient in float32.
 HARD_SWISH (``hard_swish_table``; ``reference_ops::HardSwish``, int16 fixed point)
     Prepare: ``hires = s_in / 128`` (float32); two multipliers, ``hires / s_out`` and
     ``hires / (3 / 32768)``, each split by QuantizeMultiplier and cut to 16 bits (rounded).
@@ -372,8 +381,10 @@ def table(op: str, in_q, out_q, dtype: str = "int8", **options) -> np.ndarray:
     raise ValueError(f"no table for TFLite op {op}: expected one of {', '.join(OPS)}")
 
 
-OPS = FLOAT_FUNCTIONS + ("HARD_SWISH", "LEAKY_RELU") + RELU_OPS + ("RSQRT",) + tuple(
-    ISLAND_FUNCTIONS)
+# Every op with a table, in the order the tests sweep them
+OPS = ("LOGISTIC", "TANH", "EXP", "HARD_SWISH", "LEAKY_RELU", *RELU_OPS, "RSQRT", "GELU",
+       *ISLAND_FUNCTIONS)
+assert set(OPS) >= set(FLOAT_FUNCTIONS)
 INT8_ONLY = ("RSQRT", "EXP", *ISLAND_FUNCTIONS)  # TFLite has no uint8 kernel for these
 
 

@@ -1,5 +1,6 @@
-"""8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, EXP, HARD_SWISH,
-LEAKY_RELU, RELU, RELU6, RELU_N1_TO_1 and RSQRT, bit-exact against TFLite's reference kernels.
+"""8-bit unary ops as tables (``schedules.lut``): LOGISTIC, TANH, EXP, GELU (both forms),
+HARD_SWISH, LEAKY_RELU, RELU, RELU6, RELU_N1_TO_1, RSQRT and the converter's float island
+DEQUANTIZE -> NEG -> QUANTIZE, bit-exact against TFLite's reference kernels.
 
 Two layers of evidence:
 
@@ -43,21 +44,40 @@ RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RE
 HOST_DRAWS = 20  # random (scale, zero point) draws per op and dtype, plus the edge cases
 
 
-def unary_model(op: str, shape, in_q, out_q, dtype: str, alpha: float | None = None) -> bytes:
-    """A .tflite with the one unary op ``op`` (LEAKY_RELU with its ``alpha``)."""
+def unary_model(op: str, shape, in_q, out_q, dtype: str, options=None) -> bytes:
+    """A .tflite with the one unary op ``op`` (LEAKY_RELU with its ``alpha``, GELU with its
+    ``approximate`` from ``options``); a float island (``lut.ISLAND_FUNCTIONS``) as the
+    converter leaves it: DEQUANTIZE -> the float op -> QUANTIZE."""
     import tflite
 
-    options = None
+    from tvm_armq.tflite_writer import Operator, graph_model
+
+    options = options or {}
+    code = getattr(tflite.BuiltinOperator, op)
+    if op in lut.ISLAND_FUNCTIONS:
+        tensors = [dict(shape=shape, dtype=dtype, q=in_q), dict(shape=shape, dtype="float32"),
+                   dict(shape=shape, dtype="float32"), dict(shape=shape, dtype=dtype, q=out_q)]
+        return graph_model(tensors, [Operator(tflite.BuiltinOperator.DEQUANTIZE, (0,), (1,)),
+                                     Operator(code, (1,), (2,), version=1),
+                                     Operator(tflite.BuiltinOperator.QUANTIZE, (2,), (3,))],
+                           [0], [3])
+    built = None
     if op == "LEAKY_RELU":
         def build_options(b):
             tflite.LeakyReluOptionsStart(b)
-            tflite.LeakyReluOptionsAddAlpha(b, alpha)
+            tflite.LeakyReluOptionsAddAlpha(b, options["alpha"])
             return tflite.LeakyReluOptionsEnd(b)
 
-        options = (tflite.BuiltinOptions.LeakyReluOptions, build_options)
+        built = (tflite.BuiltinOptions.LeakyReluOptions, build_options)
+    if op == "GELU":
+        def build_options(b):
+            tflite.GeluOptionsStart(b)
+            tflite.GeluOptionsAddApproximate(b, options["approximate"])
+            return tflite.GeluOptionsEnd(b)
+
+        built = (tflite.BuiltinOptions.GeluOptions, build_options)
     tensors = [dict(shape=shape, dtype=dtype, q=in_q), dict(shape=shape, dtype=dtype, q=out_q)]
-    return single_op_model(getattr(tflite.BuiltinOperator, op), tensors, [0], [1], options,
-                           version=1)
+    return single_op_model(code, tensors, [0], [1], built, version=1)
 
 
 def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_out=None):
@@ -85,7 +105,8 @@ def draw_case(op: str, dtype: str, rng: np.random.RandomState, zp_in=None, zp_ou
     else:
         s_out = float(np.float32(s_in * 10 ** rng.uniform(-1, 1)))
         out_q = (s_out, mid + int(rng.randint(-64, 64)) if zp_out is None else zp_out)
-    options = {"alpha": float(np.float32(rng.uniform(-1, 1.5)))} if op == "LEAKY_RELU" else {}
+    options = {"alpha": float(np.float32(rng.uniform(-1, 1.5)))} if op == "LEAKY_RELU" else \
+        {"approximate": bool(rng.randint(2))} if op == "GELU" else {}
     if op in RELU_ACTIVATIONS:
         options = {"act_range": activation_range(RELU_ACTIVATIONS[op], *out_q, dtype)}
     return (s_in, zp_in), out_q, options
@@ -111,8 +132,7 @@ def test_tables_equal_tflite_on_every_input_value(op):
     for case_op, dtype, (in_q, out_q, options), alive in host_cases():
         if case_op != op:
             continue
-        model = TFLiteModel.load(unary_model(op, (1, 16, 16), in_q, out_q, dtype,
-                                             options.get("alpha")))
+        model = TFLiteModel.load(unary_model(op, (1, 16, 16), in_q, out_q, dtype, options))
         x = every_value[dtype]
         if op == "RSQRT":  # TFLite refuses inputs below the zero point: repeat the others
             x = np.resize(x.ravel()[x.ravel() >= in_q[1]], x.shape)
@@ -182,8 +202,7 @@ def live_case(op: str, dtype: str, shape, rng: np.random.RandomState):
     comparison by saying nothing."""
     for _ in range(LIVE_DRAWS):
         in_q, out_q, options = draw_case(op, dtype, rng)
-        model = TFLiteModel.load(unary_model(op, shape, in_q, out_q, dtype,
-                                             options.get("alpha")))
+        model = TFLiteModel.load(unary_model(op, shape, in_q, out_q, dtype, options))
         try:
             for seed in DEVICE_SEEDS:
                 for i, e in enumerate(model.reference_outputs(_inputs(model, op, in_q, seed))):

@@ -39,7 +39,7 @@ pytestmark = pytest.mark.device
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
         "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121",
         "ds_cnn", "ssd_head", "two_in_two_out", "xception", "densenet169", "inception_v3",
-        "unet"]
+        "unet", "layer_norm", "vit", "bert_encoder", "mobilevit", "convnext"]
 # The nets whose compile and run at one level take minutes: the fast tier runs each at the
 # one level given here (each level gets some), the exhaustive tier at the other two.
 BIG_NETS = {"inception_v3": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",
@@ -54,7 +54,8 @@ SINGLE_OPS = [n for n in zoo.names() if n not in NETS and n not in FLOAT_FALLBAC
 # (or to none: TVM's own int8 code for a pool or a pad; or to float, the fallback model):
 # the same code runs at each level, so the fast tier runs each at one level, in turn.
 LEVEL_INDEPENDENT = ["add", "avg_pool", "max_pool", "concat", "mean", "pad", "mul", "softmax",
-                     "concat_requant", "logistic", "sub", "resize_bilinear", "log_softmax"]
+                     "concat_requant", "logistic", "sub", "resize_bilinear", "log_softmax",
+                     "gelu", "gelu_tanh", "layer_norm"]
 SEEDS = (0, 1)
 LEVELS = tuple(_LEVELS)
 
@@ -105,6 +106,19 @@ INTEGER_PATHS = {
     "densenet169": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
     "resize_bilinear": {("resize_bilinear", "resize_bilinear_s8_neon")},
     "unet": {("resize_bilinear", "resize_bilinear_s8_neon"), ("concat", "concat_s8_neon")},
+    # attention: Q.K^T and P.V of run-time tensors, softmax over the last axis; LayerNorm's
+    # NEG island and RSQRT and GELU as tables; the class token a CONCATENATION of a constant
+    "vit": {("batch_matmul", (("neon", "gemm_s8s8s32_4x4x16_neon"),
+                              ("dotprod", "gemm_s8s8s32_4x4x4_dotprod"),
+                              ("i8mm", "gemm_s8s8s32_2x2x8_i8mm"))),
+            ("gelu", "lut_s8_neon"), ("neg", "lut_s8_neon"), ("rsqrt", "lut_s8_neon"),
+            ("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon"),
+            ("squared_difference", "squared_difference_s8_neon")},
+    "bert_encoder": {("gelu", "lut_s8_neon"), ("softmax", "softmax_s8_neon")},
+    # layer scale: a MUL by a per-channel constant; a 7x7 depthwise
+    "convnext": {("gelu", "lut_s8_neon"), ("multiply", "multiply_s8_neon"),
+                 ("depthwise_conv2d", "depthwise_s8s8s32_7x7_neon_pairs16")},
+    "mobilevit": {("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon")},
 }
 
 

@@ -349,6 +349,8 @@ def cmd_run(a) -> int:
         del session
         release()
     print(_kernel_summary(report))
+    if model.reference_note is not None:
+        print(model.reference_note)
     _check_output_signature(model, endpoint, a.isa, got, expected)
     worst, where = 0.0, ""
     for i, (g, e) in enumerate(zip(got, expected)):

@@ -10,9 +10,10 @@ them copy bytes too, whatever the scales, so the frontend's conversion (the same
     PAD, PADV2          the int8 tensor padded with its zero point
     SHAPE               the shape of a tensor (int32, no arithmetic on the data)
     STRIDED_SLICE, SLICE, SPLIT, SPLIT_V, SQUEEZE, EXPAND_DIMS, TRANSPOSE, PACK, GATHER,
-    SPACE_TO_DEPTH, DEPTH_TO_SPACE
-                        bytes moved or selected; nothing rounds (the last two: a
-                        reshape, a transpose of the block axes, a reshape)
+    SPACE_TO_DEPTH, DEPTH_TO_SPACE, TILE
+                        bytes moved or selected; nothing rounds (SPACE_TO_DEPTH and
+                        DEPTH_TO_SPACE: a reshape, a transpose of the block axes, a
+                        reshape; TILE: copies of the tensor side by side)
 
 Converters emit SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE around Keras ``Reshape`` layers
 (squeeze-excite blocks): the RESHAPE's target shape is then a tensor computed in the
@@ -24,8 +25,8 @@ the shape arithmetic before it is left unused (dead code, removed by the pass).
 TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims`` a third
 argument); ``_convert_expand_dims`` replaces it.
 
-Two quantized converters are replaced so that the float chain means what TFLite computes
-(the pass then makes it integer, ``integrate.py``):
+Some quantized converters are added or replaced so that the float chain means what
+TFLite computes (the pass then makes it integer, ``integrate.py``):
 
     TRANSPOSE_CONV      TVM's drops the fused activation and sizes the output by Relax's
                         formula, not by the op's output_shape tensor (a 1x1 stride-2 SAME
@@ -42,6 +43,12 @@ Two quantized converters are replaced so that the float chain means what TFLite 
     PRELU               not in TVM's list of quantized ops; ``_convert_prelu`` imports a
                         quantized one as quantize(where(d >= 0, d, d * dequantize(alpha)))
                         with d = dequantize(x) and alpha broadcast as TFLite broadcasts it.
+    GELU                TVM refuses a quantized one; ``_convert_gelu`` imports it as
+                        quantize(gelu(dequantize(x))), ``gelu_tanh`` for ``approximate``.
+    BATCH_MATMUL        TVM refuses a quantized one; ``_convert_batch_matmul`` imports it
+                        as quantize(matmul(a, b)) of the dequantized operands, ``adj_x`` /
+                        ``adj_y`` a ``permute_dims`` swapping that operand's last two axes,
+                        the batch axes broadcast by ``matmul`` itself.
     SOFTMAX             TVM's drops the op's ``beta`` (softmax(beta * x)): a beta other
                         than 1 computed something else, float or quantized (found by
                         ``scripts/fuzz.py``). ``_convert_softmax`` emits

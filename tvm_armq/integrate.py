@@ -29,7 +29,9 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     conv2d, groups = in_c (depthwise)          -> depthwise     NEON widening MACs
     conv2d_transpose (TRANSPOSE_CONV)          -> conv2d_gemm   one stride-1 conv per output
                                                  + transpose_conv  phase, a pixel shuffle
-    matmul with a constant int8 weight (FC)    -> conv2d_gemm   as a 1x1 conv
+    matmul with a constant int8 weight (FC,    -> conv2d_gemm   as a 1x1 conv, the leading
+    on [..., K] inputs too)                                     axes as rows
+    matmul of two int8 tensors (BATCH_MATMUL)  -> batch_matmul  both operands as they lie
     add, subtract, multiply (int8 tensors or   -> int8_ops      TFLite's 8-bit ADD / SUB / MUL
     a constant operand)
     where(d >= 0, d, d * alpha) (PRELU)        -> int8_ops      TFLite's two rescalings
@@ -37,12 +39,14 @@ the ``quantize`` (or, for the average pool, the frontend's own int32 form):
     tensor; nearest of the int8 tensor itself)                 / its float32 positions
     maximum, minimum                           -> int8_ops      raw 8-bit comparisons
     sigmoid, tanh, exp, rsqrt, leakyrelu, relu, -> lut           a 256-entry table of TFLite's
-    x * relu6(x + 3) / 6 on one input                           LOGISTIC, TANH, HARD_SWISH, ...
+    gelu, x * relu6(x + 3) / 6 on one input,                    LOGISTIC, TANH, GELU,
+    negative (a float island)                                   HARD_SWISH, ...
     add, subtract, multiply of x and a table   -> lut           one table of x (swish:
     op of x (or of x and x)                                     x * LOGISTIC(x))
     mean, softmax, dequantize (= QUANTIZE)     -> int8_ops      MEAN / SOFTMAX / requantize
     concat                                     -> int8_ops      a copy per input (requantizing
-                                                                inputs whose scale differs)
+                                                                inputs whose scale differs;
+                                                                a constant input as it is)
     astype(avg_pool2d(astype(x, int32)))       -> int8_ops      TFLite's rounded average
 
 conv2d and dense also take TFLite's legacy uint8 scheme (uint8 weights with a zero point):
@@ -674,16 +678,27 @@ def _int8_op(graph: Graph, quantize, clip, label: str) -> _KernelCall | _Concat:
                                    names.elementwise_name("requantize")))
     # concat: inputs already in the output's quantization are copied as they are; the
     # others are requantized first (what TFLite's converter puts in front of them).
+    # A constant input (a ViT's class token) is one more part, requantized here if needed.
     parts = []
     for i, e in enumerate(core.args[0].fields if hasattr(core.args[0], "fields")
                           else graph.defs[core.args[0]].fields):
-        x, x_q = _quantized_var(graph, e, f"concat input {i}")
+        x, x_q = _quantized_operand(graph, e, f"concat input {i}")
+        if isinstance(x, np.ndarray):
+            if x_q != out_q:
+                from tvm_armq.schedules.reference import requantize_tensor
+
+                p = ops.requantize_params(x_q, out_q)
+                x = requantize_tensor(x, in_zp=p.in_zp, out_zp=p.out_zp,
+                                      multiplier=p.multiplier, shift=p.shift)
+            parts.append(_KernelCall(None, "constant", [x], [], x.shape, None))
+            continue
         func = None if x_q == out_q else ops.requantize_func(shape_of(x), x_q, out_q)
         parts.append(_KernelCall(func, "requantize", [x], [], shape_of(x), None))
     kernel = names.elementwise_name("concat") + (
         "" if all(p.func is None for p in parts) else "+" + names.elementwise_name("requantize"))
     return _Concat(parts, int(core.attrs.axis),
-                   Lowered("concat", label, shape_of(parts[0].inputs[0]), out_shape, kernel))
+                   Lowered("concat", label, _operand_shape(parts[0].inputs[0]), out_shape,
+                           kernel))
 
 
 def _float_const(graph: Graph, expr) -> float | None:
@@ -830,7 +845,7 @@ def _is_constant_weight(graph: Graph, matmul) -> bool:
     return deq is not None and graph.const(deq.args[0]) is not None
 
 
-def _batch_matmul(graph: Graph, quantize, clip, matmul, label: str) -> _KernelCall:
+def _batch_matmul(graph: Graph, quantize, clip, matmul, label: str, opts) -> _KernelCall:
     """BATCH_MATMUL of two int8 tensors (or of a tensor and a constant), TFLite's
     arithmetic (``schedules.batch_matmul``)."""
     from tvm_armq.schedules import batch_matmul as bm
@@ -850,8 +865,9 @@ def _batch_matmul(graph: Graph, quantize, clip, matmul, label: str) -> _KernelCa
     if shape.out != shape_of(quantize):
         raise NotInteger(f"output shape {shape_of(quantize)} is not {shape.out}")
     record = Lowered("batch_matmul", label, shape.lhs, shape.out,
-                     names.elementwise_name("batch_matmul"))
-    return _binary_call(bm.batch_matmul_func(shape, p), "batch_matmul", a, b, shape.out, record)
+                     bm.kernel_name(shape, opts.target))
+    func = bm.batch_matmul_func(shape, p, target=opts.target, schedule=opts.schedule)
+    return _binary_call(func, "batch_matmul", a, b, shape.out, record)
 
 
 # TFLite's (align_corners, half_pixel_centers) by the frontend's coordinate transformation
@@ -968,7 +984,7 @@ def _lowering_rewriter():
             if op == "matmul" and (not _is_constant_weight(self.graph, core)
                                    or _tflite_code(label) == "BATCH_MATMUL"):
                 return self._try(label, "batch_matmul", lambda: _batch_matmul(
-                    self.graph, quantize, clip, core, label))
+                    self.graph, quantize, clip, core, label, self.opts))
             if op in ("conv2d", "matmul") or (op == "add" and self._is_bias_add(core)):
                 return self._try(label, op, lambda: self._gemm(label, quantize, clip))
             found = _transpose_conv_of(self.graph, quantize.args[0])
@@ -1066,6 +1082,7 @@ def _lowering_rewriter():
                 from tvm_armq.schedules import int8_ops as ops
 
                 parts = [self.builder_.emit(self._call_tir(p)) if p.func is not None
+                         else relax.const(p.inputs[0]) if isinstance(p.inputs[0], np.ndarray)
                          else self.visit_expr(p.inputs[0]) for p in made.parts]
                 self.report.append(made.record)
                 dtype = dtype_of(parts[0])

@@ -6,6 +6,9 @@ tensor or operator when the frontend cannot import it or tvm_armq cannot compile
 
 from __future__ import annotations
 
+import os
+import sys
+
 from .tflite_model import TFLiteModel
 
 
@@ -65,6 +68,28 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
     return None
 
 
+def _drop_block_builders(tb) -> None:
+    """Free what a failed import leaves in its frames (the frontend's BlockBuilder) with
+    the process's stderr muted: the builder's C++ destructor warns ("BlockBuilder destroyed
+    with remaining blocks!") when the frontend stopped inside a function's scope, a line
+    the user should not see after tvm_armq's own error. The frames keep their code and
+    line numbers for ``--debug``'s traceback. (Reading a frame's ``f_locals`` would keep
+    its locals alive: nothing here does.)"""
+    import gc
+    import traceback
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            traceback.clear_frames(tb)
+            gc.collect()
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def import_tflite(model) -> "tvm.IRModule":
     """The Relax module of a TFLite model, as TVM's TFLite frontend imports it.
 
@@ -79,6 +104,7 @@ def import_tflite(model) -> "tvm.IRModule":
     try:
         mod = from_tflite(m.flatbuffer())
     except Exception as e:  # noqa: BLE001 - whatever the frontend trips on, it is the model
+        _drop_block_builders(e.__traceback__)
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise UnsupportedModel(f"{m.label}: TVM's TFLite frontend cannot import it "
                                f"({type(e).__name__}: {first})") from e

@@ -5,7 +5,10 @@ the parsed ``tflite.Model`` that TVM's Relax frontend imports, and the
 input/output signature. ``reference_outputs`` runs the model in TFLite itself
 (ai-edge-litert on the host). By default it asks for TFLite's *reference*
 kernels (``BUILTIN_REF``): they define what a quantized op means, whereas the
-optimized and XNNPACK kernels may round a requantization differently.
+optimized and XNNPACK kernels may round a requantization differently. A model with an
+operator version the reference resolver lacks (``reference_gap``) runs that op's own
+kernel registered at a lower version where it is the same code (TILE), or else on TFLite's
+builtin kernels without XNNPACK; ``reference_note`` says which.
 """
 
 from __future__ import annotations
@@ -35,6 +38,30 @@ _MEMO_SIZE = 256
 
 # What TFLite's FlatBufferModel::VerifyAndBuildFromBuffer reports when VerifyModelBuffer fails.
 VERIFIER_VERDICT = "The model is not a valid Flatbuffer buffer"
+
+
+# Ops whose reference resolver entry is the builtin kernel itself, registered for fewer
+# versions (TFLite's register_ref.cc): a newer version runs the same code as an older one.
+REF_SHARES_KERNEL = frozenset({"TILE"})
+
+
+def _with_op_version(data: bytes, op: str, version: int, new_version: int) -> bytes:
+    """``data`` with the operator code (``op``, ``version``) rewritten to ``new_version``
+    in place (the flatbuffer's int32 field; nothing moves)."""
+    import struct
+
+    import tflite
+
+    buf = bytearray(data)
+    model = tflite.Model.GetRootAsModel(buf, 0)
+    code = getattr(tflite.BuiltinOperator, op)
+    for i in range(model.OperatorCodesLength()):
+        oc = model.OperatorCodes(i)
+        if max(oc.BuiltinCode(), oc.DeprecatedBuiltinCode()) == code and \
+                oc.Version() == version:
+            field = oc._tab.Offset(8)  # OperatorCode.version, present when not the default 1
+            struct.pack_into("<i", buf, oc._tab.Pos + field, new_version)
+    return bytes(buf)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -106,11 +133,68 @@ class TFLiteModel:
 
         return tflite.Model.GetRootAsModel(self.data, 0)
 
+    @functools.cached_property
+    def reference_gap(self) -> tuple[str, int] | None:
+        """(op code, version) of the operator TFLite's reference op resolver cannot load,
+        or None when it loads the whole model. A current converter writes some operator
+        versions that resolver does not list: TILE 3 (int8, Keras' UpSampling2D), which
+        ``register_ref.cc`` registers up to version 2 with the same kernel as the builtin
+        resolver's (``REF_SHARES_KERNEL``). Such a model is run with the version lowered
+        (TFLite's own TILE kernel, on the reference resolver); any other gap runs on
+        TFLite's builtin kernels, without XNNPACK. ``reference_note`` says which."""
+        import re
+
+        from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+        try:
+            Interpreter(model_content=self.data,
+                        experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+        except ValueError as e:
+            found = re.search(r"builtin opcode '(\w+)' version '(\d+)'", str(e))
+            if found is None:
+                raise
+            return found.group(1), int(found.group(2))
+        return None
+
+    @functools.cached_property
+    def _reference_setup(self) -> tuple[bytes, bool, str | None]:
+        """(model bytes, reference resolver?, note) for ``reference_outputs``."""
+        gap = self.reference_gap
+        if gap is None:
+            return self.data, True, None
+        op, version = gap
+        if op in REF_SHARES_KERNEL:
+            from ai_edge_litert.interpreter import Interpreter, OpResolverType
+
+            for lower in range(version - 1, 0, -1):
+                data = _with_op_version(self.data, op, version, lower)
+                try:
+                    Interpreter(model_content=data,
+                                experimental_op_resolver_type=OpResolverType.BUILTIN_REF)
+                except ValueError:
+                    continue
+                return data, True, (f"TFLite's reference resolver registers {op} up to "
+                                    f"version {lower}: its {op} kernel (the builtin one) ran "
+                                    f"as version {lower}, the other ops on reference kernels")
+        return self.data, False, (f"TFLite's reference kernels cannot load {op} version "
+                                  f"{version}: compared with TFLite's builtin kernels (no "
+                                  "XNNPACK) instead")
+
+    @property
+    def reference_note(self) -> str | None:
+        """What ``reference_outputs`` runs instead of the reference kernels, if anything."""
+        return self._reference_setup[2]
+
     def _interpreter(self, reference_kernels: bool, keep_all_tensors: bool = False):
         from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
+        data = self.data
         kind = OpResolverType.BUILTIN_REF if reference_kernels else OpResolverType.AUTO
-        it = Interpreter(model_content=self.data, experimental_op_resolver_type=kind,
+        if reference_kernels and self.reference_gap is not None:
+            data, on_reference, _ = self._reference_setup
+            if not on_reference:
+                kind = OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES
+        it = Interpreter(model_content=data, experimental_op_resolver_type=kind,
                          num_threads=1,
                          experimental_preserve_all_tensors=keep_all_tensors)
         it.allocate_tensors()

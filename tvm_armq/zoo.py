@@ -163,9 +163,15 @@ import pathlib
 import tempfile
 import time
 import warnings
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable
 
 import numpy as np
+
+from . import zoo_transformers as _tx
+from .zoo_keras import fit_batchnorm_stats as _fit_batchnorm_stats
+from .zoo_keras import named_inputs as _inputs
+from .zoo_keras import randomize_weights as _randomize_weights
+from .zoo_keras import single_layer, tensorflow
 
 __all__ = [
     "ZOO_VERSION",
@@ -231,112 +237,6 @@ class ModelSpec:
 
 
 # --------------------------------------------------------------------------
-# TensorFlow access (lazy)
-# --------------------------------------------------------------------------
-
-
-def tensorflow():
-    """Import TensorFlow quietly, on first use only."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    import tensorflow as tf  # noqa: PLC0415  (deliberately lazy)
-
-    return tf
-
-
-def _inputs(spec_shapes: Sequence[tuple[int, ...]]):
-    """Keras Input tensors with batch 1 and stable names (``input``, ``input_b``)."""
-    keras = tensorflow().keras
-    names_ = ["input", "input_b", "input_c"]
-    return [
-        keras.Input(shape=s[1:], batch_size=s[0], name=names_[i])
-        for i, s in enumerate(spec_shapes)
-    ]
-
-
-# --------------------------------------------------------------------------
-# Weight initialisation
-# --------------------------------------------------------------------------
-
-
-def _weight_role(variable) -> str:
-    """Short role of a Keras weight: 'kernel', 'bias', 'gamma', 'moving_mean', ..."""
-    # Keras 3 names are bare ("kernel"); tf.keras 2 used "layer/kernel:0".
-    return variable.name.split("/")[-1].split(":")[0]
-
-
-def _randomize_weights(model, rng: np.random.RandomState) -> None:
-    """Overwrite every weight of ``model`` with values drawn from ``rng``.
-
-    Kernels (a separable conv's two too): He-normal (std = sqrt(2 / fan_in)) so ReLU
-    nets keep their activation scale.  Biases: N(0, 0.2), clearly non-zero.  BatchNorm:
-    gamma U(0.5, 1.5), beta N(0.1, 0.2), moving stats (0, 1) -- nets then refit the moving
-    stats with ``_fit_batchnorm_stats``.  An input Normalization layer: the identity.
-    """
-    for layer in model.layers:
-        for var in layer.weights:
-            shape = tuple(var.shape)
-            role = _weight_role(var)
-            if role == "depthwise_kernel":
-                # (kh, kw, in_ch, multiplier): each output sees kh*kw inputs.
-                fan_in = shape[0] * shape[1]
-                value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
-            elif role in ("kernel", "pointwise_kernel"):
-                # Conv (kh, kw, in_ch/groups, out), Dense (in, out), or the 1x1 half
-                # of a separable conv (1, 1, in_ch * multiplier, out).
-                fan_in = int(np.prod(shape[:-1]))
-                value = rng.normal(0.0, np.sqrt(2.0 / fan_in), shape)
-            elif role == "bias":
-                value = rng.normal(0.0, 0.2, shape)
-            elif role == "gamma":
-                value = rng.uniform(0.5, 1.5, shape)
-            elif role == "beta":
-                value = rng.normal(0.1, 0.2, shape)
-            elif role == "moving_mean":
-                value = np.zeros(shape)
-            elif role == "moving_variance":
-                value = np.ones(shape)
-            elif role in ("mean", "variance", "count"):
-                # an input Normalization layer's statistics (EfficientNet's): the
-                # identity (mean 0, variance 1), as the un-adapted layer starts
-                value = np.ones(shape) if role == "variance" else np.zeros(shape)
-            else:
-                raise ValueError(
-                    f"zoo: don't know how to initialise weight {var.name!r} "
-                    f"of layer {layer.name!r}"
-                )
-            var.assign(value.astype(np.float32))
-
-
-def _fit_batchnorm_stats(model, batch: np.ndarray | list[np.ndarray]) -> None:
-    """Set each BN's moving mean/variance to the statistics of its real input.
-
-    One forward pass in training mode with momentum 0 makes every BN normalise with
-    the batch statistics *and* store exactly those as its moving statistics.  Since
-    each layer saw the same inputs it will see in inference mode on this batch, the
-    inference-mode net then reproduces the training-mode activations.  (Dropout is
-    active in that pass too; in the Keras MobileNets it sits after the last BN, so
-    it cannot affect any statistics.)
-    """
-    keras = tensorflow().keras
-    bns = [l for l in model.layers if isinstance(l, keras.layers.BatchNormalization)]
-    saved = [bn.momentum for bn in bns]
-    for bn in bns:
-        bn.momentum = 0.0
-    # keras.applications models built on ``input_tensor`` declare their inputs as
-    # a one-element list; match that structure to avoid a Keras warning.  A model of
-    # several inputs gets a list of batches, one per input, and takes it as it is.
-    if isinstance(batch, list):
-        inputs = batch
-    else:
-        inputs = [batch] if isinstance(model.input, list) else batch
-    try:
-        model(inputs, training=True)
-    finally:
-        for bn, m in zip(bns, saved):
-            bn.momentum = m
-
-
-# --------------------------------------------------------------------------
 # Single-op builders.  Each returns a float Keras model with random weights.
 # --------------------------------------------------------------------------
 
@@ -344,17 +244,6 @@ _X8 = (1, 16, 16, 8)  # default single-op input: 16x16 spatial, 8 channels
 _X16 = (1, 16, 16, 16)  # depthwise input: 16 channels in and out
 _FC_IN = (1, 256)
 _SOFTMAX_IN = (1, 8, 8, 16)  # 64 pixels of 16 classes each
-
-
-def single_layer(shapes, make_layer, rng):
-    """Model = one Keras layer applied to the inputs, weights from ``rng``."""
-    keras = tensorflow().keras
-    ins = _inputs(shapes)
-    layer = make_layer(keras.layers)
-    out = layer(ins if len(ins) > 1 else ins[0])
-    model = keras.Model(ins, out)
-    _randomize_weights(model, rng)
-    return model
 
 
 def _build_conv2d_1x1(rng):
@@ -926,6 +815,52 @@ _SPECS: tuple[ModelSpec, ...] = (
               "Keras InceptionV3, 299x299, 1000 logits: 1x7/7x1 and 1x3/3x1 branches, "
               "average and max pools, CONCATENATION", calib_samples=16),
 )
+
+# The attention-era models (``zoo_transformers``): single ops, then nets.
+_SEQUENCE_RANGE = ((-2.0, 2.0),)
+_SPECS += (
+    # The converter orders these two inputs input_b, input (the right operand first);
+    # the shapes and calibration ranges follow the TFLite order.
+    ModelSpec("batch_matmul", _tx.build_batch_matmul, (_tx.BATCH_MATMUL_B, _tx.BATCH_MATMUL_A),
+              "BATCH_MATMUL of two int8 inputs, 2 heads of 16x24 times 24x20",
+              op="BATCH_MATMUL", input_ranges=_TWO_RANGES[::-1]),
+    ModelSpec("batch_matmul_adj", _tx.build_batch_matmul_adj,
+              (_tx.BATCH_MATMUL_ADJ_B, _tx.BATCH_MATMUL_ADJ_A),
+              "BATCH_MATMUL with adj_y (A.B^T), 2 heads of 17x24 times one 20x24 head "
+              "broadcast to both", op="BATCH_MATMUL", input_ranges=_TWO_RANGES[::-1]),
+    ModelSpec("gelu", _tx.build_gelu, (_tx.GELU_SHAPE,),
+              "GELU (erf form), input calibrated on [-4, 4]", op="GELU",
+              input_ranges=((-4.0, 4.0),)),
+    ModelSpec("gelu_tanh", _tx.build_gelu_tanh, (_tx.GELU_SHAPE,),
+              "GELU (approximate: its tanh form), input calibrated on [-4, 4]", op="GELU",
+              input_ranges=((-4.0, 4.0),)),
+
+    ModelSpec("fully_connected_3d", _tx.build_fully_connected_3d, (_tx.SEQUENCE,),
+              "FULLY_CONNECTED on 1x16x32 (keep_num_dims) -> 1x16x24", op="FULLY_CONNECTED",
+              input_ranges=_SEQUENCE_RANGE),
+    # one Keras layer, but a chain of thirteen TFLite ops: a net of its own
+    ModelSpec("layer_norm", _tx.build_layer_norm, (_tx.SEQUENCE,),
+              "LayerNormalization over the last axis of 1x16x32: MEAN, a NEG float island, "
+              "SQUARED_DIFFERENCE, RSQRT, MULs, ADDs", input_ranges=_SEQUENCE_RANGE),
+    ModelSpec("vit", _tx.build_vit, (_tx.VIT_SHAPE,),
+              "ViT, 32x32 in 4x4 patches: class token, position embedding, 2 pre-norm "
+              "encoder blocks of width 64 (4 heads, GELU MLP 128), 10 logits",
+              calib_samples=32),
+    ModelSpec("bert_encoder", _tx.build_bert, (_tx.BERT_SHAPE,),
+              "BERT-style encoder over 32 token embeddings of width 64: 2 post-norm blocks "
+              "(4 heads, tanh-GELU MLP 128); outputs the sequence and 4 pooled logits",
+              input_ranges=_SEQUENCE_RANGE, calib_samples=32),
+    ModelSpec("mobilevit", _tx.build_mobilevit, (_tx.MOBILEVIT_SHAPE,),
+              "MobileViT-style, 32x32: conv stem, inverted residual, a MobileViT block "
+              "(unfold to 2x2 patches, attention, fold back, concat, conv), 10 logits",
+              calib_samples=32),
+    ModelSpec("convnext", _tx.build_convnext, (_tx.CONVNEXT_SHAPE,),
+              "ConvNeXt-style, 32x32: 4x4 stem, blocks of 7x7 depthwise, LayerNorm, GELU "
+              "MLP, layer scale; 2 stages (32, 64 ch), 10 logits", calib_samples=32),
+)
+
+# single-op models first, then nets (a stable sort: each group keeps its order)
+_SPECS = tuple(sorted(_SPECS, key=lambda s: s.kind != "op"))
 
 # Float models: a registry of their own, so that ``names()`` stays the int8 zoo (the
 # whole-model tests compare every one of those with TFLite bit for bit, in int8).
