@@ -29,6 +29,12 @@ The distribution (``LAYERS``, one generator per op; each says what it draws):
             GEMM layer in ten gets an edge-case multiplier: an exact power of two, a
             mantissa just below one (fixed-point multiplier near 2^31), a large right
             shift (M near 2^-20) or a left shift (M above 1)
+  attention BATCH_MATMUL with every adj_x / adj_y and broadcast batch axes (either
+            operand's), FULLY_CONNECTED keeping its input's leading axes (keep_num_dims),
+            GELU in both forms, SOFTMAX over any last axis, and LayerNorm as the chain the
+            converter writes (``layer_norm``: MEAN, the DEQUANTIZE -> NEG -> QUANTIZE
+            island, SQUARED_DIFFERENCE, RSQRT, MULs, ADDs), each tensor quantized from the
+            real values a few random inputs give, as calibration would
 
     python scripts/fuzz.py --isa neon --n 200 --seed 1 [--ops conv2d,depthwise,...]
                            [--batch 24] [--chains 0.2] [--threads 1] [--out fuzz-out/]
@@ -284,19 +290,25 @@ def depthwise(rng, g: Graph, x: int):
 
 
 def dense(rng, g: Graph, x: int):
+    """FULLY_CONNECTED: of x flattened to (batch, features), or (keep_num_dims, four
+    times in ten for an input of rank 3 or 4) of x's last axis, the others as rows."""
     p: dict = {"per_channel": False}
-    x = flatten(g, x)
-    n, k = g.shape(x)
+    keep = len(g.shape(x)) in (3, 4) and bool(rng.random() < 0.4)
+    if not keep:
+        x = flatten(g, x)
+    *rows, k = g.shape(x)
+    n = int(np.prod(rows))
     units = log_uniform_int(rng, 1, 256)
     w_scale = np.full(units, np.float32(10 ** rng.uniform(-3.5, -1.5)), np.float32)
     out_q = requant_q(rng, g, x, k, w_scale, p)
     wt = g.const(weights(rng, (units, k)), (float(w_scale[0]), 0))
     b = bias(rng, g, x, w_scale, k)
     g.tensors[b]["q"] = (float(np.float32(g.q(x)[0]) * w_scale[0]), 0)  # per tensor
-    y = g.tensor((n, units), out_q)
+    y = g.tensor((*rows, units), out_q)
     g.op("FULLY_CONNECTED", [x, wt, b], [y], options(
-        "FullyConnectedOptions", FusedActivationFunction=activation(rng, p)), version=4)
-    p.update(shape=(n, k), units=units)
+        "FullyConnectedOptions", FusedActivationFunction=activation(rng, p),
+        KeepNumDims=keep), version=4)
+    p.update(shape=g.shape(x), units=units, keep_num_dims=keep)
     return y, p
 
 
@@ -428,6 +440,105 @@ def softmax(rng, g: Graph, x: int):
     y = g.tensor(g.shape(x), (1 / 256, -128))  # TFLite's int8 softmax output
     g.op("SOFTMAX", [x], [y], options("SoftmaxOptions", Beta=beta), version=2)
     return y, {"shape": g.shape(x), "beta": beta}
+
+
+def batch_matmul(rng, g: Graph, x: int):
+    """BATCH_MATMUL of x (its last two axes rows x depth; depth x rows with adj_x) and a
+    second input (depth x cols; cols x depth with adj_y), whose batch axes are x's, or 1
+    where x's are not (broadcast), or more where x's are 1."""
+    shape = g.shape(x)
+    adj_x, adj_y = bool(rng.random() < 0.25), bool(rng.random() < 0.5)
+    rows, depth = (shape[-1], shape[-2]) if adj_x else (shape[-2], shape[-1])
+    cols = log_uniform_int(rng, 1, 96)
+    other_batch = tuple(int(rng.integers(2, 4)) if n == 1 and rng.random() < 0.2 else
+                        1 if n > 1 and rng.random() < 0.3 else n for n in shape[:-2])
+    other = g.input((*other_batch, cols, depth) if adj_y else (*other_batch, depth, cols),
+                    act_q(rng))
+    p = {"shape": shape, "other": g.shape(other), "adj_x": adj_x, "adj_y": adj_y}
+    (s1, _), (s2, _) = g.q(x), g.q(other)
+    m1, m2 = mean_real(g, x), mean_real(g, other)
+    spread = math.sqrt(depth) * (s1 * s2 * STD_INPUT ** 2 + (abs(m1 * s2) + abs(m2 * s1))
+                                 * STD_INPUT)
+    center = depth * m1 * m2
+    scale = output_scale(rng, spread, p, center)
+    batch = tuple(np.broadcast_shapes(shape[:-2], other_batch))
+    y = g.tensor((*batch, rows, cols), (scale, centred_zero_point(rng, center, scale)))
+    g.op("BATCH_MATMUL", [x, other], [y],
+         options("BatchMatMulOptions", AdjX=adj_x, AdjY=adj_y), version=2)
+    return y, p
+
+
+def _calibrated_q(values) -> tuple:
+    """(scale, zero point) of a tensor whose real values are ``values``: their range over
+    255 steps, as a converter calibrates an activation (the range holds 0)."""
+    lo, hi = min(float(np.min(values)), 0.0), max(float(np.max(values)), 0.0)
+    scale = max(hi - lo, 1e-6) / 255
+    return float(np.float32(scale)), int(np.clip(round(-128 - lo / scale), *INT8))
+
+
+def layer_norm(rng, g: Graph, x: int):
+    """The chain TFLite's converter makes of a LayerNormalization over the last axis:
+    MEAN, the float island DEQUANTIZE -> NEG -> QUANTIZE, SQUARED_DIFFERENCE, MEAN, ADD of
+    epsilon, RSQRT, MUL by gamma, the MULs by x and by -mean and the ADDs (beta too, half
+    of the time). Every tensor is quantized as calibration would: from the real values a
+    few random int8 inputs give."""
+    shape = g.shape(x)
+    keep = tuple(shape[:-1]) + (1,)
+    axis = g.const(np.array([len(shape) - 1], np.int32))
+    s, zp = g.q(x)
+    xr = s * (rng.integers(-128, 128, (4, *shape)) - zp)  # four sample inputs, real
+    eps = float(10 ** rng.uniform(-6, -2))
+    gamma = rng.uniform(0.5, 1.5, shape[-1])
+    beta = rng.normal(0.1, 0.2, shape[-1]) if rng.random() < 0.5 else None
+    mean_ = xr.mean(-1, keepdims=True)
+    var = ((xr - mean_) ** 2).mean(-1, keepdims=True)
+    rg = gamma / np.sqrt(var + eps)
+    reals = {"mean": mean_, "neg": -mean_, "sq": (xr - mean_) ** 2, "var": var,
+             "var_eps": var + eps, "rsqrt": 1 / np.sqrt(var + eps), "rg": rg,
+             "xrg": xr * rg, "nmrg": -mean_ * rg, "out": (xr - mean_) * rg}
+    if beta is not None:
+        reals["out_beta"] = reals["out"] + beta
+
+    def t(name, shape_):
+        return g.tensor(shape_, _calibrated_q(reals[name]))
+
+    def const(values):
+        q = _calibrated_q(values)
+        data = np.clip(np.round(values / q[0]) + q[1], *INT8).astype(np.int8)
+        return g.const(data, q)
+
+    m = t("mean", keep)
+    g.op("MEAN", [x, axis], [m], options("ReducerOptions", KeepDims=True), version=2)
+    mf, nf = g.tensor(keep, dtype="float32"), g.tensor(keep, dtype="float32")
+    g.op("DEQUANTIZE", [m], [mf], version=2)
+    g.op("NEG", [mf], [nf], version=1)
+    nm = t("neg", keep)
+    g.op("QUANTIZE", [nf], [nm], version=2)
+    sq = t("sq", shape)
+    g.op("SQUARED_DIFFERENCE", [x, m], [sq], version=2)
+    var_t = t("var", keep)
+    g.op("MEAN", [sq, axis], [var_t], options("ReducerOptions", KeepDims=True), version=2)
+    ve = t("var_eps", keep)
+    g.op("ADD", [var_t, const(np.array(eps))], [ve], options("AddOptions"), version=2)
+    r = t("rsqrt", keep)
+    g.op("RSQRT", [ve], [r], version=2)
+    rg_t = t("rg", shape)
+    g.op("MUL", [r, const(gamma)], [rg_t], options("MulOptions"), version=2)
+    a, b = t("nmrg", shape), t("xrg", shape)
+    g.op("MUL", [nm, rg_t], [a], options("MulOptions"), version=2)
+    g.op("MUL", [x, rg_t], [b], options("MulOptions"), version=2)
+    y = t("out", shape)
+    g.op("ADD", [b, a], [y], options("AddOptions"), version=2)
+    if beta is not None:
+        y_beta = t("out_beta", shape)
+        g.op("ADD", [y, const(beta)], [y_beta], options("AddOptions"), version=2)
+        y = y_beta
+    return y, {"shape": shape, "eps": eps, "beta": beta is not None}
+
+
+def _gelu(rng, p):
+    p["approximate"] = approximate = bool(rng.random() < 0.5)
+    return {"kind": "GeluOptions", "Approximate": approximate}
 
 
 def _resize(name: str, opts_kind: str):
@@ -605,11 +716,14 @@ LAYERS = {
     "depth_to_space": _block_move("DEPTH_TO_SPACE", "DepthToSpaceOptions"),
     "transpose": transpose,
     "strided_slice": strided_slice,
+    "batch_matmul": batch_matmul,
+    "gelu": _unary("GELU", opts=_gelu),
+    "layer_norm": layer_norm,
 }
 # How often each op is drawn: the GEMM layers most, as most of a CNN's code is theirs.
 WEIGHT = collections.defaultdict(lambda: 1.0, conv2d=6.0, depthwise=3.0, dense=2.0, add=2.0,
                                  mul=1.5, avg_pool=1.5, max_pool=1.5, concat=1.5)
-FLAT = {"dense", "softmax"}  # also take a 2-D input
+FLAT = {"dense", "softmax", "batch_matmul", "layer_norm"}  # also take a 2-D input
 FOUR_D = {"conv2d", "depthwise", "avg_pool", "max_pool", "concat", "mean",
           "resize_bilinear", "resize_nearest", "transpose_conv", "pad", "space_to_depth",
           "depth_to_space"}
@@ -643,8 +757,11 @@ def first_input(rng, g: Graph, op: str) -> int:
     """A fresh graph input for ``op``: NHWC, or (batch, features) for the 2-D ops."""
     batch = 1 if rng.random() < 0.85 else 2
     if op in FLAT and rng.random() < 0.6:
-        return g.input((batch, log_uniform_int(rng, 1, 512)), act_q(rng))
+        return g.input((batch, log_uniform_int(rng, 2 if op == "layer_norm" else 1, 512)),
+                       act_q(rng))
     c = log_uniform_int(rng, 1, 256)
+    if op == "layer_norm":  # over a row of one value TFLite's chain aborts
+        c = max(c, 2)
     hw_max = max(1, min(24, int(math.sqrt(60000 / c))))
     h, w = (int(rng.integers(1, hw_max + 1)) for _ in range(2))
     if rng.random() < 0.2:
@@ -663,6 +780,8 @@ def draw(seed: int, index: int, ops: list[str], chains: float, g: Graph) -> Case
     for step in range(length):
         if step:
             fits = [o for o in ops if _fits(o, g.shape(x))]
+            if not fits:  # nothing takes this tensor (a --ops subset): the chain ends here
+                break
             w = np.array([WEIGHT[o] for o in fits])
             op = str(rng.choice(fits, p=w / w.sum()))
         x, params = LAYERS[op](rng, g, x)
@@ -673,6 +792,10 @@ def draw(seed: int, index: int, ops: list[str], chains: float, g: Graph) -> Case
 
 def _fits(op: str, shape) -> bool:
     """Whether op takes a tensor of ``shape`` in a chain (and keeps it small)."""
+    if op == "batch_matmul":  # keeps the product small: rows x cols x depth per batch
+        return len(shape) >= 2 and np.prod(shape) <= 20_000 and shape[-1] <= 512
+    if op == "layer_norm":  # a row of one value normalizes to nothing
+        return len(shape) >= 2 and shape[-1] >= 2 and np.prod(shape) <= 200_000
     if len(shape) != 4:  # 2-D (dense, softmax) or 3-D (a MEAN over one axis)
         return op not in FOUR_D
     if np.prod(shape) > 200_000:
