@@ -50,6 +50,8 @@ from tvm_armq.intrinsics.kernels import Kernel
 from tvm_armq.intrinsics.requant import quantize_multiplier
 
 OP = "BATCH_MATMUL"
+# stage names: the epilogue's (the func's output), and its scratch where N is cropped
+OUTPUT, OUTPUT_TILES = "output", "output_tiles"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -202,11 +204,15 @@ def _definition_te(shape: BatchMatmulShape, p: BatchMatmulParams):
 @dataclasses.dataclass(frozen=True)
 class PackedLayout:
     """The blocks of ``shape``'s GEMM on ``kernel``: mb x nb micro-tiles of mr x nr
-    outputs over kb blocks of kr (each ceil: rows and columns past M and N repeat the last
-    one and are never stored, K past ``depth`` is zero)."""
+    outputs over kb blocks of kr, computed m_tiles x n_tiles micro-tiles (one macro tile)
+    at a time. mb and kb are ceil(M / mr) and ceil(K / kr); nb is ceil(N / nr) rounded up
+    to whole macro-tile columns. Rows and columns past M and N repeat the last one and
+    are never stored, K past ``depth`` is zero."""
 
     shape: BatchMatmulShape
     kernel: Kernel
+    m_tiles: int = 1
+    n_tiles: int = 1
 
     @property
     def mb(self) -> int:
@@ -214,27 +220,57 @@ class PackedLayout:
 
     @property
     def nb(self) -> int:
-        return -(-self.shape.cols // self.kernel.nr)
+        blocks = -(-self.shape.cols // self.kernel.nr)
+        return -(-blocks // self.n_tiles) * self.n_tiles
 
     @property
     def kb(self) -> int:
         return -(-self.shape.depth // self.kernel.kr)
 
+    @property
+    def crops(self) -> bool:
+        """Whether the epilogue writes whole macro-tile columns to a scratch
+        (``OUTPUT_TILES``) that a copy crops to N: nb * nr is more than N."""
+        return self.nb * self.kernel.nr != self.shape.cols
+
+
+def packed_layout(shape: BatchMatmulShape, kernel: Kernel) -> PackedLayout:
+    """The layout the scheduled func uses: the macro tile of the conv2d / dense GEMM's
+    plan (``_knobs``). m_tiles divides mb (a ragged split of the row blocks would put a
+    predicate on the micro-kernel's block). n_tiles is the plan's where rounding nb up to
+    it computes at most 1 / PAD_MAX_SHARE more column blocks (the padded columns are
+    packed, multiplied and requantized, then cropped), else its largest divisor of nb."""
+    from .tir_util import largest_divisor
+
+    knobs = _knobs(shape, kernel)
+    base = PackedLayout(shape, kernel)
+    blocks = base.nb
+    padded = PackedLayout(shape, kernel, n_tiles=knobs.n_tiles).nb
+    n_tiles = (knobs.n_tiles if (padded - blocks) * PAD_MAX_SHARE <= blocks
+               else largest_divisor(blocks, knobs.n_tiles))
+    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles), n_tiles)
+
+
+# Most column blocks a macro tile of the plan's width may add: 1 in PAD_MAX_SHARE. (ViT's
+# Q.K^T, N = 65 at dotprod: 17 column blocks, none of the plan's 1; measured there, two
+# and four blocks a tile padded to 18 and 20 blocks were 4% and 9% slower than one.)
+PAD_MAX_SHARE = 8
+
 
 def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr: int,
-             name: str, transposed: bool):
-    """``name``[*batch of t, rows/xr, depth/kr, xr, kr]: operand ``t`` as the kernel's
-    packed blocks, row x of the block at row min(x, rows - 1), K past ``depth`` zero.
-    ``transposed``: the GEMM operand is t's rows (False) or t's columns (True) after its
-    adjoint."""
+             name: str, transposed: bool, blocks: int):
+    """``name``[*batch of t, blocks, depth/kr, xr, kr]: operand ``t`` as the kernel's
+    packed blocks (``blocks`` * xr >= rows), row x of block bx at row min(bx * xr + x,
+    rows - 1), K past ``depth`` zero. ``transposed``: the GEMM operand is t's rows
+    (False) or t's columns (True) after its adjoint."""
     from tvm import te, tirx
 
-    xb, kb = -(-rows // xr), -(-depth // kr)
+    xb, kb = blocks, -(-depth // kr)
 
     def element(*ix):
         idx, bx, bk, x, kk = ix[:-4], *ix[-4:]
         r = bx * xr + x
-        if rows % xr:
+        if xb * xr != rows:
             r = tirx.min(r, rows - 1)
         k = bk * kr + kk
         v = _element(t, adjoint != transposed, idx, r, k)
@@ -271,14 +307,16 @@ def _packed_te(shape: BatchMatmulShape, p: BatchMatmulParams, kernel: Kernel):
 
     from tvm_armq.intrinsics.qmuls import requantize_narrow
 
-    lay = PackedLayout(shape, kernel)
+    lay = packed_layout(shape, kernel)
     mr, nr, kr = kernel.mr, kernel.nr, kernel.kr
     m, n, k = shape.rows, shape.cols, shape.depth
     batch = shape.batch
     lhs = te.placeholder(shape.lhs, "int8", "lhs")
     rhs = te.placeholder(shape.rhs, "int8", "rhs")
-    a_packed = _pack_te(lhs, shape.lhs, shape.adj_x, m, k, mr, kr, "A_packed", False)
-    b_packed = _pack_te(rhs, shape.rhs, shape.adj_y, n, k, nr, kr, "B_packed", True)
+    a_packed = _pack_te(lhs, shape.lhs, shape.adj_x, m, k, mr, kr, "A_packed", False,
+                        lay.mb)
+    b_packed = _pack_te(rhs, shape.rhs, shape.adj_y, n, k, nr, kr, "B_packed", True,
+                        lay.nb)
     a_sum = _sums_te(a_packed, "A_sum") if p.rhs_zp else None
     b_sum = _sums_te(b_packed, "B_sum") if p.lhs_zp else None
     rb, rk = te.reduce_axis((0, lay.kb), "kb"), te.reduce_axis((0, kr), "kk")
@@ -305,7 +343,13 @@ def _packed_te(shape: BatchMatmulShape, p: BatchMatmulParams, kernel: Kernel):
             x = x + constant
         return requantize_narrow(x, p.multiplier, p.shift, p.out_zp, *p.act_range)
 
-    out = te.compute(shape.out, output, name="output")
+    if not lay.crops:
+        return lhs, rhs, te.compute(shape.out, output, name=OUTPUT)
+    # N is no whole number of macro-tile columns: the epilogue writes whole tile rows of
+    # a scratch buffer (a predicate on the last tile's columns would turn every tile's
+    # requantization into scalar code), and a copy crops them to N
+    tile = te.compute((*batch, m, lay.nb * nr), output, name=OUTPUT_TILES)
+    out = te.compute(shape.out, lambda *ix: tile[ix], name=OUTPUT)
     return lhs, rhs, out
 
 
@@ -380,6 +424,21 @@ def _schedule_sums(sch, name: str):
     sch.decompose_reduction(part, kb)
 
 
+# int8 lanes of one NEON register: the crop copies output rows this many bytes at a time
+CROP_LANES = 16
+
+
+def _schedule_crop(sch):
+    """The crop of ``OUTPUT_TILES`` to N: output rows (of every batch) in parallel, each
+    copied CROP_LANES bytes at a time, its last N % CROP_LANES bytes as one narrower
+    vector."""
+    from .tir_util import vectorize_in_registers
+
+    loops = sch.get_loops(sch.get_sblock(OUTPUT))
+    sch.parallel(sch.fuse(*loops[:-1]))
+    vectorize_in_registers(sch, loops[-1], CROP_LANES)
+
+
 def _has_block(sch, name: str) -> bool:
     try:
         sch.get_sblock(name)
@@ -397,11 +456,11 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
 
     sch = s_tir.Schedule(func)
     knobs = _knobs(shape, kernel)
-    lay = PackedLayout(shape, kernel)
+    lay = packed_layout(shape, kernel)
     mr, nr = kernel.mr, kernel.nr
-    m_tiles = largest_divisor(lay.mb, knobs.m_tiles)
-    n_tiles = largest_divisor(lay.nb, knobs.n_tiles)
-    gemm, out = sch.get_sblock("gemm"), sch.get_sblock("output")
+    m_tiles, n_tiles, crops = lay.m_tiles, lay.n_tiles, lay.crops
+    gemm = sch.get_sblock("gemm")
+    out = sch.get_sblock(OUTPUT_TILES if crops else OUTPUT)
     nbatch = len(shape.batch)
     # the output's loops as macro tiles: (batch, column tile, row tile, row, column)
     o_loops = sch.get_loops(out)
@@ -435,6 +494,8 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
         if _has_block(sch, name):
             _schedule_sums(sch, name)
     sch.parallel(sch.fuse(*outer, no))
+    if crops:
+        _schedule_crop(sch)
     sch.decompose_reduction(gemm, k_outer)
     for loop in unrolled:
         sch.unroll(loop)

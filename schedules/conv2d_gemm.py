@@ -16,7 +16,7 @@ int8 results reach memory. One layer goes through four steps, each in its own mo
     weights = constants(plan, weight_hwio, bias, in_zp)           packed at compile time
 
 ``conv2d_gemm`` runs the first three; ``gemm_layout`` has the geometry and the packed
-layouts, ``tir_util`` the TIR surgery. The passes (``tvm_armq.integrate``) and the tuner
+layouts, ``tir_util`` the TIR surgery. The passes (``tvm_armq.passes``) and the tuner
 (``tvm_armq.tuning``, which samples the knobs instead: ``gemm_schedule.sample_conv2d_gemm``)
 take the same steps.
 

@@ -377,9 +377,9 @@ def _conv_kernel(layer: Layer, q, x, target) -> LayerKernel:
                             dilation=q.dilation, padding=q.padding, groups=q.groups)
     micro = kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
     mult, shift = _requant_params(q)
-    # built as the compiler builds it (tvm_armq.integrate): one plan (a pointwise layer
+    # built as the compiler builds it (tvm_armq.passes.gemm): one plan (a pointwise layer
     # may read its input in place), for the layer's largest shift, and with TFLite's
-    # rounding of the op (integrate.requant_rounding: FC once, conv twice)
+    # rounding of the op (passes.gemm.requant_rounding: FC once, conv twice)
     knobs = dataclasses.replace(gemm_plan.default_knobs(shape, micro, parallel=False),
                                 **KNOB_OVERRIDES)
     plan = gemm_plan.plan(shape, micro, knobs=knobs)

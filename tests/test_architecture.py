@@ -15,9 +15,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # package name -> folder (setup.cfg's package_dir)
-FOLDERS = {"tvm_armq": REPO / "tvm_armq", "tvm_armq.schedules": REPO / "schedules",
+FOLDERS = {"tvm_armq": REPO / "tvm_armq", "tvm_armq.passes": REPO / "tvm_armq" / "passes",
+           "tvm_armq.schedules": REPO / "schedules",
            "tvm_armq.intrinsics": REPO / "intrinsics"}
-LAYER = {"tvm_armq.intrinsics": 0, "tvm_armq.schedules": 1, "tvm_armq": 2}
+LAYER = {"tvm_armq.intrinsics": 0, "tvm_armq.schedules": 1, "tvm_armq": 2, "tvm_armq.passes": 2}
 
 
 def _modules() -> dict[str, Path]:

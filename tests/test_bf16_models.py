@@ -1,4 +1,4 @@
-"""Float TFLite models with the opt-in bf16 precision (``integrate_bf16.float_to_bf16``).
+"""Float TFLite models with the opt-in bf16 precision (``passes.bf16.float_to_bf16``).
 
 On the i8mm device (the only ISA level with +bf16):
 
@@ -300,7 +300,7 @@ def test_every_conv_and_dense_of_the_net_is_bf16(runs):
 def test_bf16_needs_the_bf16_extension(level):
     """No +bf16 below i8mm: compile_tflite refuses before any work, naming the feature, the
     target and the level to use; the pass itself, asked anyway, names the kernel too."""
-    from tvm_armq import integrate_bf16
+    from tvm_armq.passes import bf16
 
     target = targets.resolve(level)
     model = zoo.build("conv2d_3x3_f32")
@@ -309,7 +309,7 @@ def test_bf16_needs_the_bf16_extension(level):
     msg = str(err.value)
     assert "+bf16" in msg and targets.describe(target) in msg and "--isa i8mm" in msg
     with target, pytest.raises(kernels.MissingTargetFeature) as err:
-        integrate_bf16.float_to_bf16(target, report=[])(tflite_import.import_tflite(model))
+        bf16.float_to_bf16(target, report=[])(tflite_import.import_tflite(model))
     msg = str(err.value)
     assert kernels.GEMM_BF16BF16F32_2X2X4_BF16 in msg and "+bf16" in msg
     assert str(targets.resolve(target)) in msg

@@ -437,7 +437,7 @@ def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
         path = zoo_model(name)
         layer, shape, mult, shift = _tflite_case(path)
         # TFLite's FULLY_CONNECTED rounds its requantization once, CONV_2D twice
-        # (integrate.requant_rounding); 16 FC outputs need many inputs before the two
+        # (passes.gemm.requant_rounding); 16 FC outputs need many inputs before the two
         # rules part (4 of 4800 outputs over FC_SEEDS, test_integrate's rounding test)
         dense = layer.op == "FULLY_CONNECTED"
         plan = gemm_plan.plan(shape, kernel, knobs=TILES)

@@ -8,7 +8,8 @@ import pytest
 from armq_checks import llvm_source
 
 import tvm_armq
-from tvm_armq import build, cli, export, integrate, targets, tflite_import
+from tvm_armq import build, cli, export, targets, tflite_import
+from tvm_armq.passes import gemm
 from tvm_armq.report import Lowered
 
 
@@ -318,6 +319,6 @@ def test_tflite_rounds_fully_connected_once_and_conv2d_twice(zoo_model, name, ro
     other = "double" if rounding == "single" else "single"
     np.testing.assert_array_equal(results[rounding], expected)
     assert (results[other] != expected).any(), f"{other} rounding fits {name} as well"
-    layer = integrate._Layer("dense" if name == "fully_connected" else "conv2d", None, (1.0, 0),
+    layer = gemm.Layer("dense" if name == "fully_connected" else "conv2d", None, (1.0, 0),
                              None, None, None, (1.0, 0), "int8", (-128, 127))
-    assert integrate.requant_rounding(layer) == rounding
+    assert gemm.requant_rounding(layer) == rounding

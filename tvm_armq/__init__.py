@@ -19,7 +19,7 @@ __version__ = "0.1.0"
 __all__ = ["LEVELS", "IsaLevel", "level", "target", "compile_tflite", "inspect"]
 
 _LAZY = {"device", "build", "zoo", "tflite_model", "intrinsics", "schedules", "cli",
-         "integrate", "tuning", "tflite_layers"}
+         "passes", "tuning", "tflite_layers"}
 _LAZY_FUNCS = {"compile_tflite": "build", "inspect": "build"}
 
 _hooks.install()

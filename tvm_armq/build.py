@@ -166,15 +166,15 @@ def lower(mod, target, *, database=None, precision: str = "int8", report: list |
     relax_pipeline=hooks.stock_pipeline())`` then builds it (the pass has already run).
     A portable target's per-level GEMMs go to ``variants`` (``portable.Variants``), to be
     linked into the executable after that build."""
-    from . import integrate
+    from .passes import integer
 
     with target:
-        mod = integrate.quantized_to_integer(target, tuned_schedule=_tuned(database, target),
+        mod = integer.quantized_to_integer(target, tuned_schedule=_tuned(database, target),
                                              report=report, variants=variants)(mod)
         if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
-            from . import integrate_bf16
+            from .passes import bf16
 
-            mod = integrate_bf16.float_to_bf16(target, report=report)(mod)
+            mod = bf16.float_to_bf16(target, report=report)(mod)
     return mod
 
 
@@ -218,7 +218,8 @@ def inspect(model, target, *, tuning_database=None) -> list:
     """What each quantized layer of ``model`` becomes for ``target``, in model order:
     ``report.Lowered`` (op, shapes, the kernel's name in the selection table, tuned or
     not) or ``report.Fallback`` (op and why it stays float). Nothing is built."""
-    from . import hooks, integrate
+    from . import hooks
+    from .passes import integer
 
     tgt = targets.resolve(target)
     if not hooks.applies_to(tgt):
@@ -228,7 +229,7 @@ def inspect(model, target, *, tuning_database=None) -> list:
     database = _load_database(tuning_database, tgt)
     report: list = []
     with tgt:
-        integrate.quantized_to_integer(tgt, tuned_schedule=_tuned(database, tgt), report=report,
+        integer.quantized_to_integer(tgt, tuned_schedule=_tuned(database, tgt), report=report,
                                        schedule=False)(import_tflite(model))
     return report
 

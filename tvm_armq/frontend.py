@@ -26,7 +26,7 @@ TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims``
 argument); ``_convert_expand_dims`` replaces it.
 
 Some quantized converters are added or replaced so that the float chain means what
-TFLite computes (the pass then makes it integer, ``integrate.py``):
+TFLite computes (the pass then makes it integer, ``passes/``):
 
     TRANSPOSE_CONV      TVM's drops the fused activation and sizes the output by Relax's
                         formula, not by the op's output_shape tensor (a 1x1 stride-2 SAME

@@ -1,8 +1,8 @@
 """Reading a Relax function the way tvm_armq's passes need it, and rewriting it.
 
 TVM 0.27's TFLite frontend imports a quantized model as QDQ chains (``dequantize`` ->
-float op -> ``quantize``, a fused activation as a ``clip``). The passes (``integrate``:
-int8 layers to integer kernels; ``integrate_bf16``: float layers to bf16 GEMMs) match
+float op -> ``quantize``, a fused activation as a ``clip``). The passes (``passes.integer``:
+int8 layers to integer kernels; ``passes.bf16``: float layers to bf16 GEMMs) match
 those chains through what is here: ``Graph`` (what each variable was computed from and
 how often it is used), the dtype and shape of an expression, constants behind reshapes
 and transposes, a tensor's quantization (``QParams``), the clamp a fused activation

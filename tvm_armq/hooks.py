@@ -3,7 +3,7 @@
 TVM 0.27 compiles a Relax module for a CPU target with the pipeline registered as
 "default" in ``tvm.relax.pipeline`` (``tvm.compile`` looks it up by that name on every
 call). ``install()`` wraps that entry: for an aarch64 LLVM target the wrapped pipeline
-first runs ``integrate.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
+first runs ``passes.integer.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
 tvm_armq kernel calls, the weights re-laid as constants), makes the kernel calls one
 function (``call_sequence``) and then runs TVM's own pipeline, unchanged. For any other
 target it is TVM's pipeline and nothing else, so x86, CUDA or a C-source build compile
@@ -69,7 +69,7 @@ def install() -> None:
                     "tvm_armq.compile_tflite(model, 'portable')")
             if applies_to(target):
                 from . import call_sequence
-                from .integrate import quantized_to_integer
+                from .passes.integer import quantized_to_integer
 
                 mod = quantized_to_integer(target)(mod)
                 mod = call_sequence.as_one_function(mod, target)

@@ -130,12 +130,12 @@ class Task:
 
 def tasks_of_model(model, target) -> list[Task]:
     """The tuning tasks of a TFLite model for ``target``: one per distinct conv2d / dense
-    layer (a func and its plan, as ``tvm_armq.integrate`` builds them when it compiles the
+    layer (a func and its plan, as ``tvm_armq.passes`` build them when it compiles the
     model), in model order. The pass runs unscheduled; its ``tuned_schedule`` hook sees
     every GEMM layer and records it."""
     import tvm_ffi
 
-    from .integrate import quantized_to_integer
+    from .passes.integer import quantized_to_integer
     from .tflite_import import import_tflite
 
     target = targets.resolve(target)
@@ -155,7 +155,7 @@ def tasks_of_model(model, target) -> list[Task]:
 
 
 def database_schedule(database, target):
-    """The ``tuned_schedule`` hook of ``integrate.quantized_to_integer`` that replays
+    """The ``tuned_schedule`` hook of ``passes.integer.quantized_to_integer`` that replays
     ``database``: a GEMM func's best record for ``target`` (``schedule_from_database``), or
     None where the database has none."""
     def tuned(func, _plan):

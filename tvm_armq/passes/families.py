@@ -1,0 +1,28 @@
+"""The op families of the integer pass, in the order it tries them: the first whose
+``match`` recognizes a layer lowers it (``records.OpFamily``). Adding an op is one module of
+``passes/`` with its ``FAMILY`` record and one line here.
+
+Order matters where two families could claim one chain: a BATCH_MATMUL's matmul before the
+GEMM family's (which takes a matmul with a constant weight: FULLY_CONNECTED); the GEMM
+family before the elementwise one (a conv's bias is an ``add``); TRANSPOSE_CONV and the
+tables before the elementwise family (an ADD of two functions of one tensor is a table).
+"""
+
+from __future__ import annotations
+
+from . import (avg_pool, batch_matmul, concat, elementwise, gemm, reduce, requantize, resize,
+               tables, transpose_conv)
+
+FAMILIES = (
+    batch_matmul.FAMILY,
+    gemm.FAMILY,
+    transpose_conv.FAMILY,
+    tables.FAMILY,
+    elementwise.FAMILY,
+    reduce.FAMILY,
+    requantize.FAMILY,
+    concat.FAMILY,
+    resize.FAMILY,
+    resize.NEAREST,
+    avg_pool.FAMILY,
+)
