@@ -16,8 +16,8 @@ model really falls back.
 Which (model, level) pairs the fast tier runs (the rest are ``exhaustive``):
 - the small nets and the single-op models whose kernels depend on the level (GEMMs,
   depthwise) at every level;
-- each big net (``BIG_NETS``) at one level, the levels taken in turn so that each level
-  runs big nets too;
+- each big net (``BIG_NETS``) and each attention-era net (``ATTENTION_NETS``) at one
+  level, the levels taken in turn so that each level runs such nets too;
 - the single-op models whose kernels are the same ``_neon`` ones at every level
   (``LEVEL_INDEPENDENT``, checked by ``test_level_independent_models_are``) at one level,
   again in turn.
@@ -45,6 +45,13 @@ NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_blo
 BIG_NETS = {"inception_v3": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",
             "densenet169": "neon", "xception": "dotprod", "densenet121": "i8mm",
             "efficientnet_b1": "dotprod"}
+# The attention-era nets, also at one level each in the fast tier: what differs between
+# levels in them, the GEMMs of BATCH_MATMUL and FULLY_CONNECTED, the fast tier runs at every
+# level in the single-op models (batch_matmul, batch_matmul_adj, fully_connected_3d) and in
+# tests/test_batch_matmul.py; their other kernels are the same _neon ones at every level.
+ATTENTION_NETS = {"layer_norm": "neon", "vit": "dotprod", "bert_encoder": "i8mm",
+                  "mobilevit": "neon", "convnext": "i8mm"}
+ONE_LEVEL_NETS = {**BIG_NETS, **ATTENTION_NETS}
 # Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
 # which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
 # land one step off. Bound: at most one step, on at most this share of the outputs.
@@ -55,15 +62,15 @@ SINGLE_OPS = [n for n in zoo.names() if n not in NETS and n not in FLOAT_FALLBAC
 # the same code runs at each level, so the fast tier runs each at one level, in turn.
 LEVEL_INDEPENDENT = ["add", "avg_pool", "max_pool", "concat", "mean", "pad", "mul", "softmax",
                      "concat_requant", "logistic", "sub", "resize_bilinear", "log_softmax",
-                     "gelu", "gelu_tanh", "layer_norm"]
+                     "gelu", "gelu_tanh"]
 SEEDS = (0, 1)
 LEVELS = tuple(_LEVELS)
 
 
 def fast_levels(name: str) -> tuple[str, ...]:
     """The levels at which the fast tier runs model ``name``."""
-    if name in BIG_NETS:
-        return (BIG_NETS[name],)
+    if name in ONE_LEVEL_NETS:
+        return (ONE_LEVEL_NETS[name],)
     if name in LEVEL_INDEPENDENT:
         return (one_level_in_turn(LEVEL_INDEPENDENT.index(name)),)
     return LEVELS
@@ -191,6 +198,6 @@ def test_level_independent_models_are():
 
 def test_every_level_runs_a_big_net_and_every_model_runs_fast():
     """The fast tier's rotation leaves no level without a big net and no model out."""
-    assert set(BIG_NETS) <= set(NETS)
-    assert set(BIG_NETS.values()) == set(LEVELS)
+    assert set(ONE_LEVEL_NETS) <= set(NETS)
+    assert set(BIG_NETS.values()) == set(LEVELS) == set(ATTENTION_NETS.values())
     assert all(fast_levels(name) for name in NETS + SINGLE_OPS + sorted(FLOAT_FALLBACK))
