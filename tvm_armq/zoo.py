@@ -45,6 +45,12 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
   log_softmax       LOG_SOFTMAX over the 16 channels of a 1x8x8x16 input calibrated on
                     [-4, 4]: tvm_armq has no integer kernel for it yet, so it tests the
                     float fallback (dequantize -> log_softmax -> quantize)
+  batch_matmul      BATCH_MATMUL of two int8 inputs, (1, 2, 16, 24) x (1, 2, 24, 20)
+  batch_matmul_adj  BATCH_MATMUL with adj_y, (1, 2, 17, 24) x (1, 1, 20, 24)^T: the
+                    right operand's one head broadcast to both
+  gelu, gelu_tanh   GELU (erf form; tanh form) on 1x16x16x8 calibrated on [-4, 4]
+  fully_connected_3d  FULLY_CONNECTED on a 1x16x32 sequence (keep_num_dims) -> 1x16x24
+  (``zoo_transformers`` builds these and the attention-era nets below)
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -86,6 +92,20 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
                      a stride-2 TRANSPOSE_CONV (ReLU) and a bilinear RESIZE_BILINEAR, each
                      CONCATENATEd with the encoder's map of its size, 4 logits per pixel
   inception_v3       tf.keras.applications.InceptionV3, 1x299x299x3 (its full size)
+  layer_norm         one Keras LayerNormalization over a 1x16x32 sequence: the converter
+                     writes it as thirteen ops (MEAN, a DEQUANTIZE -> NEG -> QUANTIZE
+                     float island, SQUARED_DIFFERENCE, ADD of epsilon, RSQRT, MULs, ADDs)
+  vit                ViT on 1x32x32x3 in 4x4 patches: class token, position embedding,
+                     two pre-norm encoder blocks (width 64, 4 heads, GELU MLP 128), 10
+                     logits from the class token
+  bert_encoder       BERT-style encoder over 1x32x64 token embeddings: position
+                     embedding, two post-norm blocks (4 heads, tanh-GELU MLP 128); two
+                     outputs, the sequence and 4 logits of a tanh pooler
+  mobilevit          MobileViT-style on 1x32x32x3: conv stem, an inverted residual, a
+                     MobileViT block (3x3 and 1x1 convs, unfold into 2x2 patches, an
+                     attention block, fold, concat, 3x3 conv), 10 logits
+  convnext           ConvNeXt-style on 1x32x32x3: 4x4 stride-4 stem, blocks of 7x7
+                     depthwise, LayerNorm, GELU MLP and layer scale, two stages
 
 Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed by
 ``float_names()``, not by ``names()``, whose models are all int8):
