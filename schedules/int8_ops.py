@@ -1,5 +1,5 @@
-"""Quantized int8/uint8 ADD, MUL, PRELU, MAXIMUM, MINIMUM, MEAN, AVERAGE_POOL_2D, requantize,
-SOFTMAX and the CONCATENATION copy as TIR.
+"""Quantized int8/uint8 ADD, MUL, PRELU, MAXIMUM, MINIMUM, MEAN, AVERAGE_POOL_2D, requantize
+and the CONCATENATION copy as TIR (SOFTMAX has a module of its own: ``softmax.py``).
 
 Read this first. Each function here builds one TFLite operator as a scheduled TIR PrimFunc
 that gives, bit for bit, what TFLite's reference kernels (the ``BUILTIN_REF`` op resolver)
@@ -62,31 +62,18 @@ Requantize (``requantize_func``; TFLite's QUANTIZE from an int8/uint8 tensor)
     to the output dtype. TFLite's int8 CONCATENATION refuses inputs whose scale or zero
     point differ from the output's; the converter then puts such a QUANTIZE before it,
     so a concatenation needing rescaling is this op on each input, then a plain copy.
-SOFTMAX (``softmax_func``; ``reference_ops::Softmax`` for 8-bit input, gemmlowp fixed point)
-    Prepare: ``beta * s_in * 2**26`` (capped at 2**31 - 1) becomes ``m, e >= 0``;
-    ``diff_min = -floor(31 * 2**26 / 2**e)``. Eval per row (the last axis):
-    ``d = x - max(row)``; ``E(d)`` = gemmlowp's ``exp_on_negative_values`` of
-    ``SRDHM(d << e, m)`` in Q5.26 (0 when ``d < diff_min``), a Q0.31 number;
-    ``sum = sum of E(d) / 2**12`` (rounded; Q12.19); ``recip`` = gemmlowp's
-    ``one_over_one_plus_x`` of the sum normalized to [1, 2) by its leading zeros ``z``;
-    ``out = clamp(RoundingDivideByPOT(SRDHM(E(d), recip), 35 - z) + dtype_min)``.
-    ``E`` depends on ``d`` alone, and an 8-bit ``d`` has 256 values, so ``E`` is a table
-    of 256 int32 computed at compile time (``softmax_exp_table``, with
-    ``reference.exp_on_negative_values``) and passed to the PrimFunc as an operand. The
-    reciprocal (three Newton-Raphson steps) is scalar integer TIR, once per row.
 
 Layout and schedules: tensors are dense, row-major (NHWC for MEAN and AVERAGE_POOL_2D).
 The last axis ("channels") is the vector axis: 16 int8 lanes per NEON register. Outer
 axes are fused into one parallel loop. Element-wise ops split the channel loop into
 16-lane vectors plus one narrower vector for the remainder (``Schedule.loop_partition``);
-ops with several blocks (MEAN, AVERAGE_POOL_2D, SOFTMAX) vectorize over 16, 8 or 4
+ops with several blocks (MEAN, AVERAGE_POOL_2D) vectorize over 16, 8 or 4
 channels, whichever divides the channel count (else its largest divisor below 16:
 ``channel_block``), with their per-row or per-pixel reductions computed right where the
 output uses them.
 
 Every ``*_func`` returns a scheduled PrimFunc (``schedule=False``: the unscheduled one)
-whose parameters are its inputs, then its output; ``softmax_func`` also returns the
-table to pass as the second input.
+whose parameters are its inputs, then its output.
 """
 
 from __future__ import annotations
@@ -96,8 +83,7 @@ import math
 
 import numpy as np
 
-from tvm_armq.intrinsics.requant import (INT32_MAX, INT32_MIN, MAX_SHIFT, MIN_SHIFT,
-                                         quantize_multiplier)
+from tvm_armq.intrinsics.requant import MAX_SHIFT, MIN_SHIFT, quantize_multiplier
 
 from .tir_util import vectorize_in_registers
 
@@ -124,14 +110,6 @@ MEAN_MAX_FOLD_SHIFT = 32  # TFLite folds 1/n into the multiplier with at most 32
 POOL_RECIPROCAL_BITS = 30
 POOL_MAX_WINDOW = 1024
 
-# SOFTMAX, from TFLite's reference kernel and gemmlowp
-SOFTMAX_DIFF_INTEGER_BITS = 5  # the scaled input difference is Q5.26
-SOFTMAX_SUM_INTEGER_BITS = 12  # the sum of exponentials is Q12.19
-SOFTMAX_TABLE_SIZE = 256  # an 8-bit input difference max(row) - x is in [0, 255]
-NEWTON_48_OVER_17 = 1515870810  # 48/17 in Q2.29: the first Newton-Raphson estimate ...
-NEWTON_NEG_32_OVER_17 = -1010580540  # ... is 48/17 - 32/17 * d (d = half the denominator)
-NEWTON_STEPS = 3
-Q2_29_ONE = 1 << 29  # 1.0 in Q2.29
 
 
 def _dtype(dtype: str, op: str) -> np.iinfo:
@@ -314,43 +292,6 @@ def requantize_params(in_q, out_q, in_dtype: str = "int8",
     (so, zo) = _quant(out_q, "QUANTIZE", "output", _dtype(out_dtype, "QUANTIZE"))
     m, e = quantize_multiplier(si / so)
     return RequantizeParams(zi, zo, m, _check_shift(e, "QUANTIZE", "output"), out_dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class SoftmaxParams:
-    """TFLite's 8-bit SOFTMAX parameters (keywords of ``reference.softmax``)."""
-
-    input_multiplier: int
-    input_left_shift: int
-    diff_min: int
-    out_dtype: str = "int8"
-
-
-def softmax_params(in_q, beta: float = 1.0, dtype: str = "int8") -> SoftmaxParams:
-    """TFLite's SOFTMAX Prepare for 8-bit input (PreprocessSoftmaxScaling and
-    CalculateInputRadius, in double; beta is the model's float32)."""
-    info = _dtype(dtype, "SOFTMAX")
-    si, _ = _quant(in_q, "SOFTMAX", "input", info)
-    frac_bits = Q31 - SOFTMAX_DIFF_INTEGER_BITS
-    real = min(_f32(beta) * si * (1 << frac_bits), float(INT32_MAX))
-    m, e = quantize_multiplier(real)
-    if real <= 1.0 or e < 0:  # TFLite's QuantizeMultiplierGreaterThanOne refuses these
-        raise ValueError(f"SOFTMAX: beta * input scale = {_f32(beta) * si} is too small "
-                         "for TFLite's 8-bit softmax")
-    radius = math.floor(((1 << SOFTMAX_DIFF_INTEGER_BITS) - 1) * (1 << frac_bits) / (1 << e))
-    return SoftmaxParams(m, e, -radius, dtype)
-
-
-def softmax_exp_table(params: SoftmaxParams) -> np.ndarray:
-    """int32[256]: entry ``k`` is TFLite's exp of the input difference ``-k`` (Q0.31), or 0
-    when ``-k < diff_min`` (TFLite skips those elements: they add nothing to the sum and
-    their output is the dtype's minimum, which a 0 here also gives)."""
-    from .reference import exp_on_negative_values, scale_softmax_diff
-
-    diff = -np.arange(SOFTMAX_TABLE_SIZE, dtype=np.int64)
-    table = exp_on_negative_values(scale_softmax_diff(diff, params.input_multiplier,
-                                                      params.input_left_shift))
-    return np.where(diff >= params.diff_min, table, 0).astype(np.int32)
 
 
 # ----------------------------------------------------------------------------- TIR helpers
@@ -840,143 +781,5 @@ def _schedule_pool(func):
     if int(sch.get(rows).extent) > 1:
         sch.parallel(rows)
     _reduce_at(sch, sch.get_sblock("acc"), co)
-    sch.vectorize(ci)
-    return sch.mod["main"]
-
-
-# ----------------------------------------------------------------------------- SOFTMAX
-def _srdhm(a, b):
-    """gemmlowp's SaturatingRoundingDoublingHighMul: qmuls with no shift (one sqrdmulh)."""
-    from tvm_armq.intrinsics.qmuls import qmuls
-
-    return qmuls(a, b, Q31, 0)
-
-
-def _saturating_shl(v, k: int):
-    """gemmlowp's SaturatingRoundingMultiplyByPOT<k> for k > 0: v << k, saturated to int32."""
-    from tvm import tirx
-
-    limit = (1 << (Q31 - k)) - 1
-    # The tests are on int64: TVM's simplifier moves constants across int32 comparisons
-    # (x + c < -limit into x < -limit - c) and can build a literal past int32.
-    wide = v.astype("int64")
-    return tirx.Select(wide > limit, tirx.const(INT32_MAX, "int32"),
-                       tirx.Select(wide < -limit, tirx.const(INT32_MIN, "int32"), v << k))
-
-
-RECIPROCAL_STAGES = ("reciprocal",) + tuple(f"newton{i}" for i in range(NEWTON_STEPS, -1, -1)) \
-    + ("half_denominator",)  # the per-row blocks of _reciprocal, consumers first
-
-
-def _reciprocal(total, rows):
-    """TFLite's GetReciprocal(total, 12) per row: with ``z`` the leading zeros of the Q12.19
-    sum, gemmlowp's one_over_one_plus_x_for_x_in_0_1 of the sum normalized to [1, 2), in
-    Q0.31. Scalar int32 arithmetic, once per row, products by sqrdmulh (``_srdhm``). Each
-    Newton-Raphson step is a block of its own (``newton<i>``, one int32 per row): a step
-    uses its input three times, so one expression would grow exponentially."""
-    from tvm import te, tirx
-
-    def half_denominator(*r):
-        t = total[r].asobject()
-        # (t << z) - 1.0: the fraction below the leading one, Q0.31 (int64: no overflow);
-        # RoundingHalfSum(frac, 1.0) = (frac + 2**31) / 2 (frac >= 0): half of 1 + frac
-        frac = (t.astype("int64") << tirx.clz(t).astype("int64")) - (1 << Q31)
-        return ((frac + (1 << Q31)) >> 1).astype("int32")
-
-    half = te.compute(rows, half_denominator, name="half_denominator")
-    x = te.compute(rows, lambda *r: NEWTON_48_OVER_17
-                   + _srdhm(half[r].asobject(), NEWTON_NEG_32_OVER_17), name="newton0")  # Q2.29
-
-    def step(previous):  # x += x * (1 - half * x), Q2.29
-        def element(*r):
-            xr, hr = previous[r].asobject(), half[r].asobject()
-            return xr + _saturating_shl(_srdhm(xr, Q2_29_ONE - _srdhm(hr, xr)), 2)
-
-        return element
-
-    for i in range(1, NEWTON_STEPS + 1):
-        x = te.compute(rows, step(x), name=f"newton{i}")
-    # x ~ 1 / half in Q2.29, i.e. 1 / (2 * half) = 1 / (1 + frac) in Q1.30: to Q0.31
-    return te.compute(rows, lambda *r: _saturating_shl(x[r].asobject(), 1), name="reciprocal")
-
-
-def softmax_func(shape, in_q, beta: float = 1.0, dtype: str = "int8", *,
-                 schedule: bool = True):
-    """TFLite's 8-bit SOFTMAX over the last axis as a PrimFunc ``(x, exp_table, out)``;
-    returns ``(func, exp_table)``, the int32[256] table to pass (``softmax_exp_table``).
-
-    The output quantization is TFLite's fixed one for 8-bit softmax (scale 1/256, zero
-    point -128 for int8, 0 for uint8), so only the input's scale and ``beta`` matter.
-    Exact as long as TFLite's own arithmetic is defined: it aborts on rows whose sum of
-    exponentials reaches 2**28 (about 512 elements tied at the maximum); there this
-    kernel shifts by 31 where TFLite would need more.
-    """
-    from tvm import te, tirx
-
-    from tvm_armq.intrinsics.qmuls import qmuls
-
-    info = _dtype(dtype, "SOFTMAX")
-    p = softmax_params(in_q, beta, dtype)
-    table_np = softmax_exp_table(p)
-    shape = tuple(int(v) for v in shape)
-    depth = shape[-1]
-    rows = shape[:-1] if len(shape) > 1 else (1,)
-    row = (lambda r: tuple(r)) if len(shape) > 1 else (lambda r: ())
-    x = te.placeholder(shape, dtype, "x")
-    table = te.placeholder((SOFTMAX_TABLE_SIZE,), "int32", "exp_table")
-    k_max, k_sum = te.reduce_axis((0, depth), "k"), te.reduce_axis((0, depth), "k")
-    row_max = te.compute(rows, lambda *r: te.max(x[row(r) + (k_max,)], axis=k_max),
-                         name="row_max")
-
-    def exp_of(r, c):  # E(x - max) from the table, indexed by max - x in [0, 255]
-        return table[row_max[r].astype("int32") - x[row(r) + (c,)].astype("int32")].asobject()
-
-    def rescale_to_sum(e):  # Q0.31 -> Q12.19: RoundingDivideByPOT(e, 12) of e >= 0
-        s = SOFTMAX_SUM_INTEGER_BITS
-        return (e >> s) + ((e >> (s - 1)) & 1)
-
-    total = te.compute(rows, lambda *r: te.sum(rescale_to_sum(exp_of(r, k_sum)), axis=k_sum),
-                       name="sum_of_exps")
-    recip = _reciprocal(total, rows)
-    out_bits = 8 * np.dtype(dtype).itemsize
-    # the right shift: num_bits_over_unit + 31 - out_bits = (12 - z) + 31 - out_bits
-    right = SOFTMAX_SUM_INTEGER_BITS + Q31 - out_bits
-    shift = te.compute(rows, lambda *r: tirx.max(tirx.clz(total[r].asobject()) - right,
-                                                 MIN_SHIFT),
-                       name="shift")
-
-    def element(*i):
-        r = i[:-1] if len(shape) > 1 else (0,)
-        v = qmuls(exp_of(r, i[-1]), recip[r].asobject(), Q31, shift[r].asobject())
-        v = v + int(info.min)
-        return _clamp_cast(v, int(info.min), int(info.max), dtype)
-
-    out = te.compute(shape, element, name="softmax")
-    return finish_func((x, table, out), schedule, _schedule_softmax), table_np
-
-
-def _schedule_softmax(func):
-    """One row at a time, rows in parallel; the row's max, sum, reciprocal and shift are
-    scalars computed in the row loop, the output vectorized over the row::
-
-        for row (parallel):
-          max = max(x[row, :]); sum = sum(E(max - x) / 2**12)      (serial reductions)
-          recip, shift = reciprocal(sum)                           (scalar, once)
-          for c (vectorized): out = clamp(qmuls(E(max - x), recip, 31, shift) + min)
-    """
-    from tvm import s_tir
-
-    sch = s_tir.Schedule(func)
-    loops = sch.get_loops(sch.get_sblock("softmax"))
-    _, ci = sch.split(loops[-1], [None, channel_block(int(sch.get(loops[-1]).extent))])
-    if len(loops) > 1:  # a 1-D input is one row: its scalars stay outside the loop
-        row = sch.fuse(*loops[:-1])
-        if int(sch.get(row).extent) > 1:
-            sch.parallel(row)
-        for name in RECIPROCAL_STAGES + ("shift", "sum_of_exps", "row_max"):
-            sch.compute_at(sch.get_sblock(name), row, preserve_unit_loops=True)
-    for name in ("sum_of_exps", "row_max"):
-        block = sch.get_sblock(name)
-        sch.decompose_reduction(block, sch.get_loops(block)[-1])
     sch.vectorize(ci)
     return sch.mod["main"]

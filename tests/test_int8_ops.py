@@ -31,6 +31,7 @@ import pytest
 from tvm_armq.tflite_writer import single_op_model
 from tvm_armq.schedules import int8_ops as ops
 from tvm_armq.schedules import reference as ref
+from tvm_armq.schedules import softmax as softmax_ops
 from tvm_armq.schedules.window import same_padding
 from tvm_armq.tflite_layers import activation_range
 
@@ -262,19 +263,26 @@ def _requantize_case(name, shape, in_q, out_q, in_dtype="int8", out_dtype="int8"
     return Case(name, make)
 
 
-def _softmax_case(name, shape, in_q, beta=1.0, dtype="int8", peaks=None):
+def _softmax_case(name, shape, in_q, beta=1.0, dtype="int8", peaks=None, spread=None):
     """Uniform inputs, or with ``peaks``: that many large entries per row over low ones
-    (a classifier's logits: a long row whose probabilities do not all round to 0)."""
+    (a classifier's logits: a long row whose probabilities do not all round to 0), or
+    with ``spread``: each row within ``spread`` of its own level (attention scores: many
+    probabilities well above 0 in a row)."""
     def make(rng):
         x = _data(rng, shape, dtype)
+        if spread is not None:
+            info = np.iinfo(dtype)
+            levels = rng.integers(info.min + spread, info.max - spread, shape[:-1] + (1,),
+                                  endpoint=True)
+            x = (levels + rng.integers(-spread, spread, shape, endpoint=True)).astype(dtype)
         if peaks is not None:
             info = np.iinfo(dtype)
             low = rng.integers(info.min, info.min + 60, shape, endpoint=True)
             high = rng.integers(info.max - 70, info.max, shape, endpoint=True)
             top = rng.random(shape).argsort(axis=-1) < peaks
             x = np.where(top, high, low).astype(dtype)
-        func, table = ops.softmax_func(shape, in_q, beta, dtype)
-        p = ops.softmax_params(in_q, beta, dtype)
+        func, table = softmax_ops.softmax_func(shape, in_q, beta, dtype)
+        p = softmax_ops.softmax_params(in_q, beta, dtype)
         return Built(func, [x, table], ref.softmax(x, **dataclasses.asdict(p)),
                      _softmax_model(shape, in_q, beta, dtype), [x])
     return Case(name, make)
@@ -342,7 +350,13 @@ CASES = [
                      out_dtype="uint8"),
     _requantize_case("requantize_uint8", (1, 5, 5, 8), (0.1, 200), (0.07, 30), "uint8",
                      "uint8"),
-    # SOFTMAX: rows of 10 to 1000, beta, 1-D, uint8
+    # SOFTMAX: rows of 10 to 1000, beta, 1-D, uint8; attention's rows of 17, 65 and 197
+    # (a remainder to 16 lanes; row counts that are no multiple of the kernel's groups of
+    # four), scores close together
+    _softmax_case("softmax_attention_17", (1, 2, 9, 17), (0.11, 3), spread=20),
+    _softmax_case("softmax_attention_65_beta", (1, 3, 7, 65), (0.09, -2), beta=0.7, spread=40),
+    _softmax_case("softmax_attention_197_uint8", (5, 197), (0.07, 128), dtype="uint8",
+                  spread=50),
     _softmax_case("softmax_10", (1, 10), (0.03, 5)),
     _softmax_case("softmax_3x100", (3, 100), (0.02, -7)),
     _softmax_case("softmax_3d_beta_half", (2, 5, 7), (0.05, 0), beta=0.5),
@@ -524,7 +538,7 @@ def test_reference_sweep_matches_tflite():
         beta = [1.0, 0.5, 2.0][trial % 3]
         x = _data(rng, shape, dtype)
         np.testing.assert_array_equal(
-            ref.softmax(x, **dataclasses.asdict(ops.softmax_params(in_q, beta, dtype))),
+            ref.softmax(x, **dataclasses.asdict(softmax_ops.softmax_params(in_q, beta, dtype))),
             _tflite(_softmax_model(shape, in_q, beta, dtype), [x]),
             err_msg=f"SOFTMAX {shape} {in_q} beta={beta}")
         checked += 1

@@ -37,7 +37,9 @@ def _lower(graph: Graph, root, core, _opts: Options) -> KernelCall:
         raise NotInteger("softmax over an axis other than the last")
     if out_q != SOFTMAX_OUTPUT:
         raise NotInteger(f"softmax output quantization {out_q} (TFLite's is 1/256, -128)")
-    func, table = ops.softmax_func(shape_of(x), x_q, beta)
+    from tvm_armq.schedules.softmax import softmax_func
+
+    func, table = softmax_func(shape_of(x), x_q, beta)
     return KernelCall(func, op, [x], [table], out_shape,
                       elementwise_record(op, root.label, x, out_shape,
                                          names.elementwise_name("softmax")))
