@@ -204,10 +204,9 @@ def _definition_te(shape: BatchMatmulShape, p: BatchMatmulParams):
 @dataclasses.dataclass(frozen=True)
 class PackedLayout:
     """The blocks of ``shape``'s GEMM on ``kernel``: mb x nb micro-tiles of mr x nr
-    outputs over kb blocks of kr, computed m_tiles x n_tiles micro-tiles (one macro tile)
-    at a time. mb and kb are ceil(M / mr) and ceil(K / kr); nb is ceil(N / nr) rounded up
-    to whole macro-tile columns. Rows and columns past M and N repeat the last one and
-    are never stored, K past ``depth`` is zero."""
+    outputs over kb blocks of kr (each ceil: rows and columns past M and N repeat the last
+    one and are never stored, K past ``depth`` is zero), computed m_tiles x n_tiles
+    micro-tiles (one macro tile) at a time."""
 
     shape: BatchMatmulShape
     kernel: Kernel
@@ -220,8 +219,7 @@ class PackedLayout:
 
     @property
     def nb(self) -> int:
-        blocks = -(-self.shape.cols // self.kernel.nr)
-        return -(-blocks // self.n_tiles) * self.n_tiles
+        return -(-self.shape.cols // self.kernel.nr)
 
     @property
     def kb(self) -> int:
@@ -229,32 +227,21 @@ class PackedLayout:
 
     @property
     def crops(self) -> bool:
-        """Whether the epilogue writes whole macro-tile columns to a scratch
+        """Whether the epilogue writes whole micro-tile columns to a scratch
         (``OUTPUT_TILES``) that a copy crops to N: nb * nr is more than N."""
         return self.nb * self.kernel.nr != self.shape.cols
 
 
 def packed_layout(shape: BatchMatmulShape, kernel: Kernel) -> PackedLayout:
     """The layout the scheduled func uses: the macro tile of the conv2d / dense GEMM's
-    plan (``_knobs``). m_tiles divides mb (a ragged split of the row blocks would put a
-    predicate on the micro-kernel's block). n_tiles is the plan's where rounding nb up to
-    it computes at most 1 / PAD_MAX_SHARE more column blocks (the padded columns are
-    packed, multiplied and requantized, then cropped), else its largest divisor of nb."""
+    plan (``_knobs``), each count cut to its largest divisor of mb and nb (a ragged split
+    would put a predicate on the micro-kernel's block)."""
     from .tir_util import largest_divisor
 
     knobs = _knobs(shape, kernel)
     base = PackedLayout(shape, kernel)
-    blocks = base.nb
-    padded = PackedLayout(shape, kernel, n_tiles=knobs.n_tiles).nb
-    n_tiles = (knobs.n_tiles if (padded - blocks) * PAD_MAX_SHARE <= blocks
-               else largest_divisor(blocks, knobs.n_tiles))
-    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles), n_tiles)
-
-
-# Most column blocks a macro tile of the plan's width may add: 1 in PAD_MAX_SHARE. (ViT's
-# Q.K^T, N = 65 at dotprod: 17 column blocks, none of the plan's 1; measured there, two
-# and four blocks a tile padded to 18 and 20 blocks were 4% and 9% slower than one.)
-PAD_MAX_SHARE = 8
+    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles),
+                        largest_divisor(base.nb, knobs.n_tiles))
 
 
 def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr: int,
@@ -328,29 +315,100 @@ def _packed_te(shape: BatchMatmulShape, p: BatchMatmulParams, kernel: Kernel):
                       * b_packed[(*ib, bn, rb, j, rk)].astype("int32"), axis=[rb, rk])
 
     gemm = te.compute((*batch, lay.mb, lay.nb, mr, nr), block, name="gemm")
-    constant = k * p.lhs_zp * p.rhs_zp
 
     def output(*ix):
+        # as TE says it: the gemm tile plus the zero-point terms, requantized. The
+        # scheduled func moves the terms to the tile's start (``_start_at_zero_point_terms``)
         b_idx, r, c = ix[:-2], ix[-2], ix[-1]
-        ia, ib = _operand_index(shape.lhs, batch, b_idx), _operand_index(shape.rhs, batch, b_idx)
-        x = gemm[(*b_idx, r // mr, c // nr, r % mr, c % nr)]
-        # sum (a - za)(b - zb) = sum ab - zb sum a - za sum b + K za zb
-        if a_sum is not None:
-            x = x - a_sum[(*ia, r // mr, r % mr)] * p.rhs_zp
-        if b_sum is not None:
-            x = x - b_sum[(*ib, c // nr, c % nr)] * p.lhs_zp
-        if constant:
-            x = x + constant
+        x = gemm(*b_idx, r // mr, c // nr, r % mr, c % nr) + zero_point_terms(
+            shape, p, a_sum, b_sum, *b_idx, r // mr, c // nr, r % mr, c % nr)
         return requantize_narrow(x, p.multiplier, p.shift, p.out_zp, *p.act_range)
 
     if not lay.crops:
         return lhs, rhs, te.compute(shape.out, output, name=OUTPUT)
-    # N is no whole number of macro-tile columns: the epilogue writes whole tile rows of
+    # N is no whole number of micro-tile columns: the epilogue writes whole tile rows of
     # a scratch buffer (a predicate on the last tile's columns would turn every tile's
     # requantization into scalar code), and a copy crops them to N
     tile = te.compute((*batch, m, lay.nb * nr), output, name=OUTPUT_TILES)
     out = te.compute(shape.out, lambda *ix: tile[ix], name=OUTPUT)
     return lhs, rhs, out
+
+
+def zero_point_terms(shape: BatchMatmulShape, p: BatchMatmulParams, a_sum, b_sum, *ix):
+    """What element ``ix`` = (*batch, bm, bn, i, j) of the ``gemm`` tiles starts at,
+    so that it ends at sum_k (a - za)(b - zb) (the sums over the real K only):
+
+        sum_k (a - za)(b - zb) = sum_k ab - zb * A_sum[m] - za * B_sum[n] + K za zb
+
+    ``a_sum`` / ``b_sum``: the sums' buffers (None where the other zero point is 0)."""
+    from tvm import tirx
+
+    b_idx, (bm, bn, i, j) = ix[:-4], ix[-4:]
+    x = tirx.const(shape.depth * p.lhs_zp * p.rhs_zp, "int32")
+    if a_sum is not None:
+        ia = _operand_index(shape.lhs, shape.batch, b_idx)
+        x = x - _load(a_sum, [*ia, bm, i]) * p.rhs_zp
+    if b_sum is not None:
+        ib = _operand_index(shape.rhs, shape.batch, b_idx)
+        x = x - _load(b_sum, [*ib, bn, j]) * p.lhs_zp
+    return x
+
+
+def _load(t, index):
+    """Element ``index`` of a TE tensor or a TIR buffer."""
+    from tvm import tirx
+
+    return tirx.BufferLoad(t, index) if isinstance(t, tirx.Buffer) else t(*index)
+
+
+def _start_at_zero_point_terms(func, shape: BatchMatmulShape, p: BatchMatmulParams,
+                               epilogue: str):
+    """The scheduled ``func`` with its ``gemm_init`` block (``decompose_reduction``'s)
+    storing ``zero_point_terms`` instead of 0: the int32 tile starts there and the
+    epilogue requantizes it as it is: per accumulator register one vector add and its
+    zeroing fewer (BERT's Q.K^T tile loop at dotprod 49 -> 41 est. cycles per 4 x 8
+    outputs). TE cannot say it: ``te.create_prim_func`` drops a reduction's ``init``.
+    Run after every schedule primitive (the init block reads the sums without declaring
+    it); ``epilogue`` names the block whose requantization drops the terms."""
+    import tvm_ffi
+    from tvm import s_tir, tirx
+    from tvm.ir.expr import TensorLoad  # what tirx.BufferLoad makes
+    from tvm.tirx.buffer import Buffer
+
+    buffers = {}
+
+    def note(buffer):
+        buffers.setdefault(buffer.name, buffer)
+        return buffer
+
+    tvm_ffi.structural_map(func.body, [(Buffer, note)])
+
+    def rewrite(block):
+        store = block.body
+        if block.name_hint == "gemm_init":
+            value = zero_point_terms(shape, p, buffers.get("A_sum"), buffers.get("B_sum"),
+                                     *(iv.var for iv in block.iter_vars))
+        elif block.name_hint == epilogue:
+            # requantize_narrow(gemm + terms, ...) -> requantize_narrow(gemm, ...)
+            call = store.value
+            loads = []
+
+            def note_gemm(load):
+                if load.source.name == "gemm":
+                    loads.append(load)
+                return load
+
+            tvm_ffi.structural_map(call.args[0], [(TensorLoad, note_gemm)])
+            (tile,) = loads
+            value = tirx.call_intrin(call.ty.dtype, call.op.name, tile, *call.args[1:])
+        else:
+            return block
+        return s_tir.SBlock(block.iter_vars, block.reads, block.writes, block.name_hint,
+                            tirx.BufferStore(store.buffer, value, store.indices),
+                            block.init, block.alloc_buffers, block.match_buffers,
+                            block.annotations)
+
+    return func.with_body(tvm_ffi.structural_map(func.body, [(s_tir.SBlock, rewrite)]))
 
 
 def batch_matmul_func(shape: BatchMatmulShape, p: BatchMatmulParams, *, target=None,
@@ -367,7 +425,9 @@ def batch_matmul_func(shape: BatchMatmulShape, p: BatchMatmulParams, *, target=N
     if kernel.intrin is None:  # the scalar reference: the definition's loops, parallel
         return _schedule_definition(te.create_prim_func(list(_definition_te(shape, p))))
     func = te.create_prim_func(list(_packed_te(shape, p, kernel)))
-    return _schedule_packed(func, shape, kernel, _target(target))
+    scheduled = _schedule_packed(func, shape, kernel, _target(target))
+    epilogue = OUTPUT_TILES if packed_layout(shape, kernel).crops else OUTPUT
+    return _start_at_zero_point_terms(scheduled, shape, p, epilogue)
 
 
 def _schedule_definition(func):
@@ -496,7 +556,14 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
     sch.parallel(sch.fuse(*outer, no))
     if crops:
         _schedule_crop(sch)
-    sch.decompose_reduction(gemm, k_outer)
+    init = sch.decompose_reduction(gemm, k_outer)
+    # the tile's start (``_start_at_zero_point_terms``): a vector per micro-tile row
+    shared = [sch.get(loop) for loop in sch.get_loops(gemm)]
+    *init_rows, init_cols = [loop for loop in sch.get_loops(init)
+                             if not any(sch.get(loop).same_as(s) for s in shared)]
+    sch.vectorize(init_cols)
+    for loop in init_rows:
+        sch.unroll(loop)
     for loop in unrolled:
         sch.unroll(loop)
     sch.vectorize(ni)

@@ -83,6 +83,11 @@ CASES = [
                           zps=(2, -3), seed=7)),
     (False, lambda: _case("pv_65", (1, 2, 65, 65), (1, 2, 65, 48), zps=(-128, -2), seed=8)),
     (False, lambda: _case("qk_65", (1, 2, 65, 48), (1, 2, 48, 65), zps=(4, 1), seed=9)),
+    # ViT's attention (65 tokens, 4 heads of 16): Q.K^T's N = 65 cropped from whole
+    # micro-tile columns at every level, its K of 16 one or a few K blocks
+    (False, lambda: _case("vit_qk", (1, 4, 65, 16), (1, 4, 16, 65), zps=(6, -9), seed=14)),
+    (False, lambda: _case("vit_pv", (1, 4, 65, 65), (1, 4, 65, 16), zps=(-128, 3),
+                          seed=15)),
     (False, lambda: _case("rank2", (5, 40), (40, 6), zps=(-1, 2), seed=10)),
     (False, lambda: _case("broadcast_lhs", (1, 9, 16), (4, 16, 10), zps=(5, 5), seed=11)),
     (False, lambda: _case("vit_tiny_qk", (1, 3, 197, 64), (1, 3, 197, 64), adj_y=True,
@@ -186,6 +191,40 @@ def test_kernel_names_follow_the_selection_table():
     for level in LEVELS:
         k = kernels.select(targets.resolve(level), "int8", "int8", rows=32, depth=16)
         assert names[level] == k.name
+
+
+@pytest.mark.parametrize("level", LEVELS)
+def test_ragged_columns_are_cropped_from_whole_tiles(level):
+    """N no multiple of nr: the epilogue writes whole micro-tile columns to a scratch
+    (``OUTPUT_TILES``) and a copy crops it, so no requantization carries the last tile's
+    column predicate; N a multiple of nr writes the output directly."""
+    target = targets.resolve(level)
+    _, ragged, p, *_ = _by_name("qk_adj_y_odd")  # N = 18
+    _, whole, q, *_ = _by_name("qk_bert")  # N = 32
+    for shape, params, crops in ((ragged, p, True), (whole, q, False)):
+        lay = bm.packed_layout(shape, bm.kernel_for(shape, target))
+        assert lay.crops == crops and lay.nb * lay.kernel.nr >= shape.cols
+        assert lay.mb % lay.m_tiles == 0 and lay.nb % lay.n_tiles == 0
+        text = bm.batch_matmul_func(shape, params, target=target).script()
+        assert (f'T.sblock("{bm.OUTPUT_TILES}")' in text) == crops, (level, shape)
+
+
+@pytest.mark.parametrize("zps", [(3, -5), (0, 4), (9, 0), (0, 0)])
+def test_the_tile_starts_at_the_zero_point_terms(zps):
+    """The scheduled GEMM's accumulator starts at the zero-point terms (the sums of the
+    operand whose partner's zero point is not 0, and K za zb) and the epilogue
+    requantizes the tile alone."""
+    import re
+
+    from tvm_armq.intrinsics.qmuls import REQUANT_NARROW_OP
+
+    _, shape, _, a, b = _case("qk_bert", (1, 4, 32, 16), (1, 4, 16, 32), zps=zps)
+    p = bm.batch_matmul_params((0.02, zps[0]), (0.03, zps[1]), (0.5, 1))
+    text = bm.batch_matmul_func(shape, p, target=targets.resolve("dotprod")).script()
+    (start,) = re.findall(r"gemm\[[^\]]*\] = (.*)", text)
+    assert ("A_sum" in start) == (zps[1] != 0) and ("B_sum" in start) == (zps[0] != 0)
+    (requant,) = re.findall(REQUANT_NARROW_OP + r"\((.*?),", text)
+    assert requant.startswith("gemm[") and "_sum" not in requant, requant
 
 
 # ----------------------------------------------------------------------------- device
