@@ -39,7 +39,8 @@ pytestmark = pytest.mark.device
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
         "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121",
         "ds_cnn", "ssd_head", "two_in_two_out", "xception", "densenet169", "inception_v3",
-        "unet", "layer_norm", "vit", "bert_encoder", "mobilevit", "convnext"]
+        "unet", "layer_norm", "dense_4d_shape_chain", "vit", "bert_encoder", "mobilevit",
+        "convnext"]
 # The nets whose compile and run at one level take minutes: the fast tier runs each at the
 # one level given here (each level gets some), the exhaustive tier at the other two.
 BIG_NETS = {"inception_v3": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",

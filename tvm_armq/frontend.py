@@ -16,11 +16,15 @@ them copy bytes too, whatever the scales, so the frontend's conversion (the same
                         reshape; TILE: copies of the tensor side by side)
 
 Converters emit SHAPE -> STRIDED_SLICE -> PACK -> RESHAPE around Keras ``Reshape`` layers
-(squeeze-excite blocks): the RESHAPE's target shape is then a tensor computed in the
-graph, which the frontend cannot turn into a Relax shape. Every tensor records its shape in
-the flatbuffer (the sizes the model was converted with, which are the sizes the frontend
-imports it with), so such a RESHAPE is folded at compile time to its output's shape, and
-the shape arithmetic before it is left unused (dead code, removed by the pass).
+(squeeze-excite blocks), and SHAPE -> GATHER -> REDUCE_PROD -> CONCATENATION / PACK ->
+RESHAPE around a Dense applied to a rank-3/4 tensor of a model whose batch is open: the
+RESHAPE's target shape is then a tensor computed in the graph, which the frontend cannot
+turn into a Relax shape. That int32 arithmetic depends on shapes alone, so
+``static_value`` evaluates it at import time (SHAPE reads the shape the input was
+imported with) and the RESHAPE gets a static shape; where it cannot (a value that depends
+on data), the RESHAPE takes its output's recorded shape (the sizes the model was
+converted with). The shape arithmetic is then left unused (dead code, removed by the
+pass).
 
 TVM 0.27's EXPAND_DIMS converter fails on every model (it passes ``expand_dims`` a third
 argument); ``_convert_expand_dims`` replaces it.
@@ -104,19 +108,99 @@ def _recorded_shape(tensor) -> tuple[int, ...]:
     return tuple(int(d) for d in tensor.ShapeAsNumpy()) if tensor.ShapeLength() else ()
 
 
+def _options(op, table_class):
+    """The builtin options table of ``op`` as ``table_class`` (``tflite.GatherOptions``)."""
+    table = op.BuiltinOptions()
+    opts = table_class()
+    if table is not None:
+        opts.Init(table.Bytes, table.Pos)
+    return opts
+
+
+def _strided_slice(value, begin, end, strides, opts) -> np.ndarray:
+    """STRIDED_SLICE of a 1-D or N-D ``value`` with TFLite's begin / end / shrink masks."""
+    index = []
+    for axis, (b, e, st) in enumerate(zip(begin, end, strides)):
+        if opts.ShrinkAxisMask() >> axis & 1:
+            index.append(int(b))
+            continue
+        b = None if opts.BeginMask() >> axis & 1 else int(b)
+        e = None if opts.EndMask() >> axis & 1 else int(e)
+        index.append(slice(b, e, int(st)))
+    return np.asarray(value)[tuple(index)]
+
+
+def static_value(converter, tensor_idx: int, depth: int = 0):
+    """The value of an integer tensor the graph computes from shapes alone (Keras' shape
+    arithmetic around a Dense applied to a rank-3/4 tensor: SHAPE, GATHER, REDUCE_PROD,
+    PACK, CONCATENATION, STRIDED_SLICE of them and of constants), as a NumPy array, or None
+    when it depends on data. SHAPE reads the shape the input was imported with."""
+    import tflite
+
+    wrapped = converter.get_tensors([tensor_idx])[0]
+    if converter.has_expr(tensor_idx) is False or wrapped.buffer is not None and \
+            wrapped.buffer.DataLength():
+        try:
+            return np.asarray(converter.get_tensor_value(wrapped))
+        except Exception:  # noqa: BLE001 - not a constant after all
+            pass
+    producers = getattr(converter, "_tvm_armq_producers", None)
+    if producers is None:
+        sub = converter.subgraph
+        producers = {int(t): sub.Operators(i) for i in range(sub.OperatorsLength())
+                     for t in sub.Operators(i).OutputsAsNumpy()}
+        converter._tvm_armq_producers = producers
+    op = producers.get(int(tensor_idx))
+    if op is None or depth > 16:
+        return None
+    code = converter.get_op_code_str(op)
+    ins = [int(t) for t in op.InputsAsNumpy()]
+    if code == "SHAPE":
+        x = converter.bb.normalize(converter.get_expr(ins[0]))
+        return np.array([int(d) for d in x.ty.shape], np.int32)
+    args = [static_value(converter, t, depth + 1) for t in ins]
+    if any(a is None for a in args):
+        return None
+    if code == "GATHER":
+        axis = _options(op, tflite.GatherOptions).Axis()
+        return np.take(args[0], args[1], axis=axis)
+    if code == "REDUCE_PROD":
+        keep = _options(op, tflite.ReducerOptions).KeepDims()
+        return np.prod(args[0], axis=tuple(np.atleast_1d(args[1]).tolist()),
+                       keepdims=bool(keep)).astype(args[0].dtype)
+    if code == "PACK":
+        return np.stack(args, axis=_options(op, tflite.PackOptions).Axis())
+    if code == "CONCATENATION":
+        return np.concatenate([np.atleast_1d(a) for a in args],
+                              axis=_options(op, tflite.ConcatenationOptions).Axis())
+    if code == "STRIDED_SLICE":
+        return _strided_slice(args[0], *args[1:4], _options(op, tflite.StridedSliceOptions))
+    return None
+
+
 def _fold_computed_reshape(original):
-    """RESHAPE whose target shape is computed in the graph -> its output's recorded shape
-    (when that holds as many elements as the input)."""
+    """RESHAPE whose target shape is computed in the graph -> a static shape: the value of
+    that computation from the imported shapes (``static_value``), else the output's
+    recorded shape (when that holds as many elements as the input)."""
 
     def convert_reshape(self, op):
         from tvm import relax
 
         inputs = self.get_input_tensors(op)
-        shape = _recorded_shape(self.get_output_tensors(op)[0].tensor)
         if len(inputs) == 2 and self.has_expr(inputs[1].tensor_idx):
             x = self.get_expr(inputs[0].tensor_idx)
             in_shape = [int(d) for d in self.bb.normalize(x).ty.shape]
-            if int(np.prod(in_shape)) == int(np.prod(shape)):
+            size = int(np.prod(in_shape))
+            target = static_value(self, inputs[1].tensor_idx)
+            if target is not None:
+                shape = [int(d) for d in np.asarray(target).reshape(-1)]
+                if shape.count(-1) == 1:  # the one open axis takes what is left
+                    known = int(np.prod([d for d in shape if d != -1]))
+                    shape[shape.index(-1)] = size // known if known else 0
+                if int(np.prod(shape)) == size:
+                    return relax.op.reshape(x, shape)
+            shape = _recorded_shape(self.get_output_tensors(op)[0].tensor)
+            if int(np.prod(shape)) == size:
                 return relax.op.reshape(x, shape)
         return original(self, op)
 

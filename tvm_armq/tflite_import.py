@@ -68,8 +68,9 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
     return None
 
 
-def _drop_block_builders(tb) -> None:
-    """Free what a failed import leaves in its frames (the frontend's BlockBuilder) with
+def _drop_block_builders(error: BaseException) -> None:
+    """Free what a failed import leaves in its frames, and in those of the errors it chains
+    (the frontend's BlockBuilder), with
     the process's stderr muted: the builder's C++ destructor warns ("BlockBuilder destroyed
     with remaining blocks!") when the frontend stopped inside a function's scope, a line
     the user should not see after tvm_armq's own error. The frames keep their code and
@@ -78,12 +79,18 @@ def _drop_block_builders(tb) -> None:
     import gc
     import traceback
 
+    chain, seen = [], set()
+    while error is not None and id(error) not in seen:  # the error and the ones it chains
+        seen.add(id(error))
+        chain.append(error)
+        error = error.__cause__ or error.__context__
     sys.stderr.flush()
     saved = os.dup(2)
     try:
         with open(os.devnull, "w") as null:
             os.dup2(null.fileno(), 2)
-            traceback.clear_frames(tb)
+            for e in chain:
+                traceback.clear_frames(e.__traceback__)
             gc.collect()
     finally:
         os.dup2(saved, 2)
@@ -104,7 +111,7 @@ def import_tflite(model) -> "tvm.IRModule":
     try:
         mod = from_tflite(m.flatbuffer())
     except Exception as e:  # noqa: BLE001 - whatever the frontend trips on, it is the model
-        _drop_block_builders(e.__traceback__)
+        _drop_block_builders(e)
         first = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
         raise UnsupportedModel(f"{m.label}: TVM's TFLite frontend cannot import it "
                                f"({type(e).__name__}: {first})") from e

@@ -95,6 +95,10 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
   layer_norm         one Keras LayerNormalization over a 1x16x32 sequence: the converter
                      writes it as thirteen ops (MEAN, a DEQUANTIZE -> NEG -> QUANTIZE
                      float island, SQUARED_DIFFERENCE, ADD of epsilon, RSQRT, MULs, ADDs)
+  dense_4d_shape_chain  Dense layers on a 1x8x8x16 image whose batch the Keras model
+                     leaves open: the converter computes each reshape's target in int32
+                     ops (SHAPE, GATHER, REDUCE_PROD, CONCATENATION, PACK), which the
+                     frontend folds to static shapes
   vit                ViT on 1x32x32x3 in 4x4 patches: class token, position embedding,
                      two pre-norm encoder blocks (width 64, 4 heads, GELU MLP 128), 10
                      logits from the class token
@@ -862,6 +866,10 @@ _SPECS += (
     ModelSpec("layer_norm", _tx.build_layer_norm, (_tx.SEQUENCE,),
               "LayerNormalization over the last axis of 1x16x32: MEAN, a NEG float island, "
               "SQUARED_DIFFERENCE, RSQRT, MULs, ADDs", input_ranges=_SEQUENCE_RANGE),
+    ModelSpec("dense_4d_shape_chain", _tx.build_dense_4d_shape_chain, (_tx.DENSE_4D,),
+              "Dense layers on a 1x8x8x16 image of open batch: the converter's int32 shape "
+              "chains (SHAPE, GATHER, REDUCE_PROD, CONCATENATION, PACK) feed each RESHAPE; "
+              "LayerNorm and GELU between them"),
     ModelSpec("vit", _tx.build_vit, (_tx.VIT_SHAPE,),
               "ViT, 32x32 in 4x4 patches: class token, position embedding, 2 pre-norm "
               "encoder blocks of width 64 (4 heads, GELU MLP 128), 10 logits",

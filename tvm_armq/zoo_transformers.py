@@ -68,6 +68,7 @@ BATCH_MATMUL_B = (1, 2, 24, 20)       # ... times 20 columns
 BATCH_MATMUL_ADJ_A = (1, 2, 17, 24)   # 17 rows (odd), depth 24
 BATCH_MATMUL_ADJ_B = (1, 1, 20, 24)   # adj_y, one head broadcast over both
 SEQUENCE = (1, 16, 32)                # a sequence of 16 tokens of width 32
+DENSE_4D = (1, 8, 8, 16)              # an image a Dense layer is applied to, pixel by pixel
 GELU_SHAPE = (1, 16, 16, 8)
 
 
@@ -310,3 +311,17 @@ def build_layer_norm(rng):
 
 def build_fully_connected_3d(rng):
     return zoo_keras.single_layer([SEQUENCE], lambda L: L.Dense(24, name="dense"), rng)
+
+
+def build_dense_4d_shape_chain(rng):
+    """Dense layers on a 1x8x8x16 image whose batch the model leaves open (None, as Keras
+    models usually do): TFLite's converter then computes each FULLY_CONNECTED's reshapes
+    in the graph (SHAPE, GATHER, REDUCE_PROD, CONCATENATION, PACK feeding a RESHAPE),
+    which the frontend folds to static shapes; a LayerNorm and a GELU between them."""
+    keras = zoo_keras.tensorflow().keras
+    L = keras.layers
+    inp = keras.Input(DENSE_4D[1:], name="input")  # batch left open
+    x = L.Dense(32, name="dense1")(inp)
+    x = L.LayerNormalization(epsilon=LAYER_NORM_EPSILON, name="ln")(x)
+    x = L.Dense(16, activation="gelu", name="dense2")(x)
+    return _finish(keras.Model(inp, x), rng)
