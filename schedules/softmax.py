@@ -15,8 +15,9 @@ point) works row by row, a row being the last axis:
 
 ``E`` depends on ``d`` alone and an 8-bit ``d`` has 256 values, so ``E`` is a table of
 256 int32 computed at compile time (``softmax_exp_table``, with the NumPy
-``reference.exp_on_negative_values``); the PrimFunc takes it as an operand, entry ``k``
-being ``E(-k)``: it is indexed by ``max(row) - x``, which is in [0, 255].
+``reference.exp_on_negative_values``, entry ``k`` being ``E(-k)``: it is indexed by
+``max(row) - x``, which is in [0, 255]); the PrimFunc takes it reversed as an operand
+(``softmax_func`` returns that array).
 
 The kernel (``softmax_func``). Rows are independent: they are the parallel loop. A row
 of ``depth`` bytes is read in 16-byte vectors (one NEON register); when ``depth`` is not a
@@ -26,22 +27,33 @@ multiple of 16 the last vector is the row's last 16 bytes, overlapping the one b
 1. **Max**: ``smax`` (``umax`` for uint8) of the row's vectors into one register, then
    ``smaxv`` across its 16 lanes: one instruction per 16 elements.
 2. **Exponentials**: ``E(max - x)`` for each element, gathered from the table into a
-   row buffer of int32 on the stack (``exps``), one scalar load per element. This is the
+   row buffer of int32 on the stack (``exps``), one scalar load per element: the operand
+   is the table reversed, so that seen from its entry ``255 - max`` it is indexed by the
+   input byte itself, and eight input bytes are one 64-bit load taken apart by bit-field
+   extracts (``sbfx``), each feeding a load with a scaled register offset. This is the
    one step that is not vector: 256 int32 are 1 KiB, 64 registers, twice what NEON has,
    so the ``tbl``/``tbx`` lookup of the 8-bit LUT kernel (``lut.py``), which needs the
    whole table in registers, does not fit (the table's non-zero part, 200 entries and
    more at attention's input scales, does not either), and an exact vector evaluation of
-   gemmlowp's exp is some 30 vector instructions per 4 lanes; a scalar gather is a byte
-   load, a subtraction, a word load and a store. The buffer is padded with zeros to a
+   gemmlowp's exp is some 30 vector instructions per 4 lanes; the gather is a bit-field
+   extract, a word load and half a store pair per element. The buffer is padded with zeros to a
    multiple of 16 entries (a zero adds nothing to the sum).
 3. **Sum**: the buffer in int32x4 vectors, ``urshr #12`` (TFLite's rounding division by
    2**12; E >= 0) accumulated in four registers, then ``addv``.
-4. **Reciprocal and shift**: scalar integer arithmetic once per row (``_reciprocal``:
-   sqrdmulh on scalars, three Newton steps), and ``shift = clz(sum) - 35`` (< 0).
-5. **Output**: per 16 elements, four int32x4 of the buffer; ``sqrdmulh`` by the splat
-   reciprocal, ``srshl`` by the splat negative shift (a rounding right shift: exact for
-   these non-negative products, so no ties-away fixup), ``sqxtn`` to int16, plus the dtype's
-   minimum, ``sqxtn`` (int8) / ``sqxtun`` (uint8) to bytes: the saturation is the clamp.
+4. **Reciprocal and shift**: gemmlowp's three Newton steps in int32x4 (``sqrdmulh``,
+   ``sqshl`` for the saturating doublings), four rows at once (below), and
+   ``shift = clz(sum) - 35`` (< 0).
+5. **Output**: per 16 elements, four int32x4 of the buffer; ``sqrdmulh`` by the row's
+   reciprocal, ``srshl`` by its negative shift (a rounding right shift: exact for these
+   non-negative products, so no ties-away fixup); every value is then in [0, 256], so
+   ``uzp1`` narrows two registers to int16 at once, ``uqxtn`` to bytes is the clamp at
+   255, and int8's ``v - 128`` flips the top bit (``_outputs``).
+
+Rows go in groups of four: the four rows' maxima, exponentials and sums one row after the
+other, then the four reciprocals at once in the lanes of one int32x4 register (the
+Newton steps are a chain of dependent multiplications: scalar, they were the longest
+path of a row), then the four rows' outputs. A task (the parallel loop) is two groups,
+its stack buffers (four rows of exponentials) allocated once.
 
 Rows shorter than 16 elements (no whole vector to read), and rows whose buffer would
 not sit comfortably on the stack (``MAX_VECTOR_DEPTH``), use the TE definition scheduled
@@ -80,8 +92,8 @@ BLOCK_GROUPS = 2
 SQRDMULH = "llvm.aarch64.neon.sqrdmulh"
 SRSHL = "llvm.aarch64.neon.srshl"
 URSHL = "llvm.aarch64.neon.urshl"
-SQXTN = "llvm.aarch64.neon.sqxtn"
-SQXTUN = "llvm.aarch64.neon.sqxtun"
+UQXTN = "llvm.aarch64.neon.uqxtn"
+SIGN_BYTE = 0x80  # v - 128 for v in [0, 255]: the byte with its top bit flipped
 SQSHL = "llvm.aarch64.neon.sqshl"
 CTLZ = "llvm.ctlz"
 ADDV = "llvm.aarch64.neon.uaddv"
@@ -385,17 +397,22 @@ def _vector_newton_step(x, half):
 
 
 def _outputs(exps, at, recip, shift, dtype: str):
-    """16 output bytes from the exponentials at ``at``: sqrdmulh, srshl, the narrowing."""
-    i16 = f"int16x{QUAD}"
+    """16 output bytes from the exponentials at ``at``: ``sqrdmulh`` by the reciprocal,
+    ``srshl`` by the (negative) shift, then the narrowing. The shift is at least 23 (the
+    sum is at least E(0) / 2**12 ~ 2**19, so clz(sum) <= 12) and the product is below
+    2**31: every value is in [0, 256], so a plain narrowing to 16 bits (``uzp1``, two
+    registers in one) loses nothing, ``uqxtn`` to bytes is the clamp at 255 (the value
+    256: a probability of 1), and the int8 output, ``v - 128``, flips the top bit."""
+    from tvm import tirx
+
     r, s = _splat(recip, QUAD), _splat(shift, QUAD)
-    narrow = [_llvm(i16, SQXTN, _llvm(I32X4, SRSHL, _llvm(I32X4, SQRDMULH, e, r), s))
+    scaled = [tirx.Cast(f"int16x{QUAD}", _llvm(I32X4, SRSHL, _llvm(I32X4, SQRDMULH, e, r), s))
               for e in _quads(exps, at)]
-    low = int(np.iinfo(dtype).min)
-    halves = [_concat(narrow[k:k + 2]) for k in (0, 2)]
-    if low:
-        halves = [h + _splat(low, 2 * QUAD, "int16") for h in halves]
-    to_bytes = SQXTN if dtype == "int8" else SQXTUN
-    return _concat([_llvm(f"{dtype}x{2 * QUAD}", to_bytes, h) for h in halves])
+    narrow = [_llvm(f"uint8x{2 * QUAD}", UQXTN, _concat(scaled[k:k + 2])) for k in (0, 2)]
+    out = _concat(narrow)
+    if dtype == "uint8":
+        return out
+    return tirx.reinterpret(f"int8x{LANES}", out ^ _splat(SIGN_BYTE, LANES, "uint8"))
 
 
 def _vector_func(shape, dtype: str):

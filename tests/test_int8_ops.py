@@ -27,12 +27,14 @@ from typing import Callable
 
 import numpy as np
 import pytest
+from armq_checks import tier
 
 from tvm_armq.tflite_writer import single_op_model
 from tvm_armq.schedules import int8_ops as ops
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules import softmax as softmax_ops
 from tvm_armq.schedules.window import same_padding
+from tvm_armq.targets import LEVELS
 from tvm_armq.tflite_layers import activation_range
 
 pytestmark = pytest.mark.device
@@ -747,3 +749,43 @@ def test_int8_ops_on_device(run_funcs, level, zoo_model, tmp_path, report):
         np.testing.assert_array_equal(got, exp, err_msg=f"{name} at {level}")
     report(f"int8_ops {level:8s} {len(CASES)} cases + {len(zoo)} zoo operator runs + "
            f"{len(CONCAT_CASES)} concatenations bit-exact")
+
+
+# ------------------------------------------------------------------ SOFTMAX, every level
+def _softmax_sweep():
+    """Seeded SOFTMAX cases beyond ``CASES``: the vector kernel's row lengths around its
+    16-lane vectors and 8-byte words (16, 17, 24, 31, 33, 64, 65, 96, 197, 257), row
+    counts around its groups of four rows and tasks of two groups (1 to 13 rows), input
+    scales and betas from probabilities spread over a row to one that takes all,
+    int8 and uint8."""
+    rng = np.random.default_rng(20260512)
+    cases = []
+    for k, depth in enumerate((16, 17, 24, 31, 33, 64, 65, 96, 197, 257)):
+        rows = int(rng.integers(1, 14))
+        dtype = ("int8", "uint8")[k % 2]
+        scale = float(np.float32(10 ** rng.uniform(-2.2, -0.3)))
+        zp = int(rng.integers(np.iinfo(dtype).min, np.iinfo(dtype).max + 1))
+        beta = (1.0, 0.5, 1.7)[k % 3]
+        shape = (rows, depth) if k % 3 else (1, rows, depth)
+        cases.append(_softmax_case(f"softmax_sweep_{depth}x{rows}", shape, (scale, zp), beta,
+                                   dtype, spread=int(rng.integers(5, 60)) if k % 4 else None))
+    return cases
+
+
+@pytest.mark.parametrize("level", [tier(level, id=level, fast=False) for level in LEVELS])
+def test_softmax_every_level(run_funcs, level, tmp_path):
+    """SOFTMAX's vector kernel is NEON at every level: every softmax case of ``CASES`` and
+    a sweep of row lengths, row counts, scales and betas (``_softmax_sweep``), bit-exact
+    with the NumPy reference at each level, and the sweep's references equal to TFLite's
+    on the host."""
+    cases = [c for c in CASES if c.name.startswith("softmax")] + _softmax_sweep()
+    built = _built(cases)
+    for case, b in zip(cases, built):
+        if case.name.startswith("softmax_sweep"):
+            np.testing.assert_array_equal(b.expected, _tflite(b.tflite, b.tflite_inputs),
+                                          err_msg=case.name)
+    funcs = {c.name: b.func for c, b in zip(cases, built)}
+    calls = [(c.name, b.args, b.expected.shape, b.expected.dtype) for c, b in zip(cases, built)]
+    _, outs = run_funcs(level, funcs, calls, tmp_path / "softmax.so")
+    for case, b, got in zip(cases, built, outs):
+        np.testing.assert_array_equal(got, b.expected, err_msg=f"{case.name} at {level}")
