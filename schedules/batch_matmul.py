@@ -206,7 +206,7 @@ class PackedLayout:
     """The blocks of ``shape``'s GEMM on ``kernel``: mb x nb micro-tiles of mr x nr
     outputs over kb blocks of kr (each ceil: rows and columns past M and N repeat the last
     one and are never stored, K past ``depth`` is zero), computed m_tiles x n_tiles
-    micro-tiles (one macro tile) at a time."""
+    micro-tiles (one macro tile) at a time; nb is rounded up to a multiple of n_tiles."""
 
     shape: BatchMatmulShape
     kernel: Kernel
@@ -219,7 +219,9 @@ class PackedLayout:
 
     @property
     def nb(self) -> int:
-        return -(-self.shape.cols // self.kernel.nr)
+        """ceil(N / nr) rounded up to whole macro-tile columns."""
+        blocks = -(-self.shape.cols // self.kernel.nr)
+        return -(-blocks // self.n_tiles) * self.n_tiles
 
     @property
     def kb(self) -> int:
@@ -235,13 +237,26 @@ class PackedLayout:
 def packed_layout(shape: BatchMatmulShape, kernel: Kernel) -> PackedLayout:
     """The layout the scheduled func uses: the macro tile of the conv2d / dense GEMM's
     plan (``_knobs``), each count cut to its largest divisor of mb and nb (a ragged split
-    would put a predicate on the micro-kernel's block)."""
+    would put a predicate on the micro-kernel's block). A tile row must also be whole
+    int32x4 registers, the only vectors ``requantize_narrow`` runs on NEON's narrowing
+    instructions (others fall back to 64-bit lanes): where the divisor's row is not (nr = 2
+    at i8mm, N = 65: 33 column blocks, divisor 3, six lanes), n_tiles is the plan's cut
+    down to whole registers and nb is padded to it (the padded columns are cropped;
+    ViT's Q.K^T at i8mm 5.80e4 -> 3.88e4 est. cycles with two micro-tiles, 4.29e4 with
+    four)."""
+    import math
+
+    from tvm_armq.intrinsics.qmuls import NEON_INT32_LANES
+
     from .tir_util import largest_divisor
 
     knobs = _knobs(shape, kernel)
     base = PackedLayout(shape, kernel)
-    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles),
-                        largest_divisor(base.nb, knobs.n_tiles))
+    n_tiles = largest_divisor(base.nb, knobs.n_tiles)
+    if n_tiles * kernel.nr % NEON_INT32_LANES:
+        per_register = NEON_INT32_LANES // math.gcd(NEON_INT32_LANES, kernel.nr)
+        n_tiles = max(per_register, knobs.n_tiles // per_register * per_register)
+    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles), n_tiles)
 
 
 def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr: int,

@@ -197,7 +197,10 @@ def test_kernel_names_follow_the_selection_table():
 def test_ragged_columns_are_cropped_from_whole_tiles(level):
     """N no multiple of nr: the epilogue writes whole micro-tile columns to a scratch
     (``OUTPUT_TILES``) and a copy crops it, so no requantization carries the last tile's
-    column predicate; N a multiple of nr writes the output directly."""
+    column predicate; N a multiple of nr writes the output directly. A macro-tile row is
+    whole int32x4 registers (at i8mm, N = 18: nine column blocks padded to ten)."""
+    from tvm_armq.intrinsics.qmuls import NEON_INT32_LANES
+
     target = targets.resolve(level)
     _, ragged, p, *_ = _by_name("qk_adj_y_odd")  # N = 18
     _, whole, q, *_ = _by_name("qk_bert")  # N = 32
@@ -205,6 +208,7 @@ def test_ragged_columns_are_cropped_from_whole_tiles(level):
         lay = bm.packed_layout(shape, bm.kernel_for(shape, target))
         assert lay.crops == crops and lay.nb * lay.kernel.nr >= shape.cols
         assert lay.mb % lay.m_tiles == 0 and lay.nb % lay.n_tiles == 0
+        assert lay.n_tiles * lay.kernel.nr % NEON_INT32_LANES == 0, (level, lay)
         text = bm.batch_matmul_func(shape, params, target=target).script()
         assert (f'T.sblock("{bm.OUTPUT_TILES}")' in text) == crops, (level, shape)
 
