@@ -470,17 +470,25 @@ def _knobs(shape: BatchMatmulShape, kernel: Kernel):
     return plan(dense, kernel, direct=False, by_pixel=False).main.knobs
 
 
+# Most rows a packed block (xr rows of kr bytes) is gathered from where K is contiguous:
+# i8mm's 2 x 8 bytes are two loads into one vector, 4 rows (neon, dotprod) lane inserts
+GATHER_MAX_ROWS = 2
+
+
 def _schedule_pack(sch, name: str, k_contiguous: bool):
     """A pack stage: its outer loop parallel, each block row's kr bytes one vector (a
     gather where the operand is stored K-major: measured, reading the xr bytes of each K
     step as one vector and storing them across the block was no faster at dotprod and
-    slower at i8mm). Where K is the operand's last axis (``k_contiguous``) a block row
-    walks one row of the operand across its K blocks, each kr bytes a plain load and
-    store, where the block order gathered the xr rows' bytes into one vector lane by lane
-    (ViT's P.V at dotprod 4.53e4 -> 4.38e4 est. cycles)."""
+    slower at i8mm). Where K is the operand's last axis (``k_contiguous``) and a block
+    has more than GATHER_MAX_ROWS rows, the pack walks one row of the operand across its
+    K blocks, each kr bytes a plain load and store, where the block order gathered the
+    xr rows into its vectors lane by lane. ViT's P.V, est. cycles: neon (4 rows of 8)
+    9.27e4 -> 8.23e4, dotprod (4 of 4) 4.53e4 -> 4.38e4; at i8mm (2 rows of 8: a vector
+    is two loads) walking was 1-2% slower."""
     block = sch.get_sblock(name)
     loops = sch.get_loops(block)
-    if k_contiguous:
+    xr = int(sch.get(loops[-2]).extent)
+    if k_contiguous and xr > GATHER_MAX_ROWS:
         bk, x, _ = loops[-3:]
         sch.reorder(x, bk)
     sch.parallel(sch.fuse(*loops[:-3]))
