@@ -114,19 +114,24 @@ INTEGER_PATHS = {
     "densenet169": {("multiply", "multiply_s8_neon"), ("add", "add_s8_neon")},
     "resize_bilinear": {("resize_bilinear", "resize_bilinear_s8_neon")},
     "unet": {("resize_bilinear", "resize_bilinear_s8_neon"), ("concat", "concat_s8_neon")},
-    # attention: Q.K^T and P.V of run-time tensors, softmax over the last axis; LayerNorm's
-    # NEG island and RSQRT and GELU as tables; the class token a CONCATENATION of a constant
+    # attention: Q.K^T and P.V of run-time tensors, softmax over the last axis; each
+    # LayerNorm's thirteen ops one row kernel; GELU a table; the class token a
+    # CONCATENATION of a constant
     "vit": {("batch_matmul", (("neon", "gemm_s8s8s32_4x4x16_neon"),
                               ("dotprod", "gemm_s8s8s32_4x4x4_dotprod"),
                               ("i8mm", "gemm_s8s8s32_2x2x8_i8mm"))),
-            ("gelu", "lut_s8_neon"), ("neg", "lut_s8_neon"), ("rsqrt", "lut_s8_neon"),
-            ("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon"),
-            ("squared_difference", "squared_difference_s8_neon")},
-    "bert_encoder": {("gelu", "lut_s8_neon"), ("softmax", "softmax_s8_neon")},
-    # layer scale: a MUL by a per-channel constant; a 7x7 depthwise
-    "convnext": {("gelu", "lut_s8_neon"), ("multiply", "multiply_s8_neon"),
+            ("gelu", "lut_s8_neon"), ("layer_norm", "layer_norm_s8_neon"),
+            ("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon")},
+    "bert_encoder": {("gelu", "lut_s8_neon"), ("softmax", "softmax_s8_neon"),
+                     ("layer_norm", "layer_norm_s8_neon")},
+    # a 7x7 depthwise, a per-pixel LayerNorm (the converter folds the layer scale, a MUL
+    # by a per-channel constant after a Dense, into the Dense's weights)
+    "convnext": {("gelu", "lut_s8_neon"), ("layer_norm", "layer_norm_s8_neon"),
                  ("depthwise_conv2d", "depthwise_s8s8s32_7x7_neon_pairs16")},
-    "mobilevit": {("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon")},
+    "mobilevit": {("softmax", "softmax_s8_neon"), ("concat", "concat_s8_neon"),
+                  ("layer_norm", "layer_norm_s8_neon")},
+    # the LayerNorm chain alone
+    "layer_norm": {("layer_norm", "layer_norm_s8_neon")},
 }
 
 

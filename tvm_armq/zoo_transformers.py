@@ -15,8 +15,9 @@ What TFLite's converter makes of their layers (what the tests exercise):
     Dense + GELU        FULLY_CONNECTED then GELU (``approximate`` false; the BERT encoder's
                         true, its tanh form)
     class token, position embedding, layer scale
-                        CONCATENATION with a constant, ADD of a constant, MUL by a
-                        per-channel constant
+                        CONCATENATION with a constant, ADD of a constant; the layer
+                        scale (a MUL by a per-channel constant after a Dense) the
+                        converter folds into the Dense's weights
 
 Sizes are small (tens of tokens, widths of 64-96) so that every model compiles and runs
 at the three ISA levels inside the test suite's budget; the arithmetic per op is the same

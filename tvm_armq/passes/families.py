@@ -5,19 +5,22 @@
 Order matters where two families could claim one chain: a BATCH_MATMUL's matmul before the
 GEMM family's (which takes a matmul with a constant weight: FULLY_CONNECTED); the GEMM
 family before the elementwise one (a conv's bias is an ``add``); TRANSPOSE_CONV and the
-tables before the elementwise family (an ADD of two functions of one tensor is a table).
+tables before the elementwise family (an ADD of two functions of one tensor is a table);
+the LayerNorm family, which recognizes a whole chain at its last ADD, before the
+elementwise family, which would take that ADD alone.
 """
 
 from __future__ import annotations
 
-from . import (avg_pool, batch_matmul, concat, elementwise, gemm, reduce, requantize, resize,
-               tables, transpose_conv)
+from . import (avg_pool, batch_matmul, concat, elementwise, gemm, layer_norm, reduce,
+               requantize, resize, tables, transpose_conv)
 
 FAMILIES = (
     batch_matmul.FAMILY,
     gemm.FAMILY,
     transpose_conv.FAMILY,
     tables.FAMILY,
+    layer_norm.FAMILY,
     elementwise.FAMILY,
     reduce.FAMILY,
     requantize.FAMILY,

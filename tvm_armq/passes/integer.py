@@ -101,6 +101,16 @@ def _lowering_rewriter():
                 q = self.graph.call(clip.args[0], "relax.quantize") if clip is not None else None
                 if q is not None and self.graph.uses.get(clip.args[0], 0) == 1:
                     self.fused.add(clip.args[0])
+            # inner layers of a chain one family's kernel runs whole (a LayerNorm)
+            self.absorbed = set()
+            for var, value in self.graph.defs.items():
+                root = self._root(value, var.name) if isinstance(value, relax.Call) else None
+                for family in FAMILIES if root is not None else ():
+                    found = family.match(self.graph, root) if root.kind in family.roots \
+                        else None
+                    if found is not None:
+                        self.absorbed.update(family.absorbs(self.graph, found))
+                        break
 
         def _root(self, call, label: str) -> Root | None:
             """Where a layer ends, if ``call`` is such an end: a quantize (not one whose
@@ -124,6 +134,8 @@ def _lowering_rewriter():
 
         def visit_call_(self, call):
             var = self.var_of.get(call)
+            if var is not None and var in self.absorbed:  # removed with the float chain
+                return super().visit_call_(call)
             root = self._root(call, var.name if var is not None else "?")
             if root is not None:
                 for family in FAMILIES:

@@ -45,13 +45,17 @@ class Root:
 @dataclasses.dataclass(frozen=True)
 class OpFamily:
     """One family of quantized ops the pass makes integer (see the module docstring).
-    ``report_op(root, match)`` names the layer's op in a ``Fallback`` record."""
+    ``report_op(root, match)`` names the layer's op in a ``Fallback`` record. A family
+    whose kernel runs a whole chain of layers names, with ``absorbs(graph, match)``, the
+    variables of the chain's inner layers that nothing else reads: the pass leaves those
+    to be removed with the float chain instead of lowering them one by one."""
 
     name: str
     roots: tuple
     match: Callable
     lower: Callable
     report_op: Callable = lambda root, match: root.op
+    absorbs: Callable = lambda graph, match: ()
 
 
 @dataclasses.dataclass
