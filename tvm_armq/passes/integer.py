@@ -43,7 +43,9 @@ nearest resize, the frontend's own int8 form) lowers it:
                     as d * d), maximum, minimum, where (PRELU)  rescalings; a table of x
                                                                 where both operands are
                                                                 functions of one x (swish)
-    reduce          mean, softmax                               int8_ops MEAN / SOFTMAX
+    reduce          mean, softmax                               int8_ops MEAN / softmax
+    layer_norm      the converter's 13-op LayerNorm chain,      layer_norm: one row kernel
+                    recognized at its last ADD
     requantize      dequantize (QUANTIZE of an int8 tensor)     int8_ops requantize
     concat          concat (of tensors and constants)           a copy per input (inputs
                                                                 of another scale requantized)

@@ -1,5 +1,6 @@
 """The row-reduction family: MEAN (any axes, keep_dims or not) and SOFTMAX over the last
-axis (any beta), TFLite's 8-bit arithmetic (``schedules.int8_ops``). The frontend's forms:
+axis (any beta), TFLite's 8-bit arithmetic (``schedules.int8_ops`` for MEAN,
+``schedules.softmax`` for SOFTMAX). The frontend's forms:
 ``mean(dequantize(x))`` and ``softmax(dequantize(x))`` (``softmax(beta * x)`` where beta is
 not 1: ``frontend._convert_softmax``) under the quantize.
 """
