@@ -51,6 +51,7 @@ def unary_model(op: str, shape, in_q, out_q, dtype: str, options=None) -> bytes:
     import tflite
 
     from tvm_armq.tflite_writer import Operator, graph_model
+    from tvm_armq.tflite_writer import options as tflite_options
 
     options = options or {}
     code = getattr(tflite.BuiltinOperator, op)
@@ -61,21 +62,9 @@ def unary_model(op: str, shape, in_q, out_q, dtype: str, options=None) -> bytes:
                                      Operator(code, (1,), (2,), version=1),
                                      Operator(tflite.BuiltinOperator.QUANTIZE, (2,), (3,))],
                            [0], [3])
-    built = None
-    if op == "LEAKY_RELU":
-        def build_options(b):
-            tflite.LeakyReluOptionsStart(b)
-            tflite.LeakyReluOptionsAddAlpha(b, options["alpha"])
-            return tflite.LeakyReluOptionsEnd(b)
-
-        built = (tflite.BuiltinOptions.LeakyReluOptions, build_options)
-    if op == "GELU":
-        def build_options(b):
-            tflite.GeluOptionsStart(b)
-            tflite.GeluOptionsAddApproximate(b, options["approximate"])
-            return tflite.GeluOptionsEnd(b)
-
-        built = (tflite.BuiltinOptions.GeluOptions, build_options)
+    built = {"LEAKY_RELU": lambda: tflite_options("LeakyReluOptions", Alpha=options["alpha"]),
+             "GELU": lambda: tflite_options("GeluOptions", Approximate=options["approximate"]),
+             }.get(op, lambda: None)()
     tensors = [dict(shape=shape, dtype=dtype, q=in_q), dict(shape=shape, dtype=dtype, q=out_q)]
     return single_op_model(code, tensors, [0], [1], built, version=1)
 

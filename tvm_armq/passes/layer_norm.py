@@ -48,6 +48,14 @@ class _Chain:
     def const(self, tensor):
         return self.graph.const(tensor) if tensor is not None else None
 
+    def tensor_and_constant(self, call):
+        """(the tensor operand, the constant one, its value) of a two-input op (the value
+        None where neither operand is a constant)."""
+        a, b = self.operands(call)
+        if self.const(a) is not None:
+            a, b = b, a
+        return a, b, self.const(b)
+
     def q(self, quantize_or_deq, what: str):
         return qparams(self.graph, quantize_or_deq).scalar(what)
 
@@ -104,10 +112,7 @@ def _match(graph: Graph, root):
     rg_def = chain.op(rg, "relax.multiply")
     if rg_def is None:
         return None
-    r, gamma = chain.operands(rg_def[1])
-    if chain.const(r) is not None:
-        r, gamma = gamma, r
-    gamma_values = chain.const(gamma)
+    r, gamma, gamma_values = chain.tensor_and_constant(rg_def[1])
     r_def = chain.op(r, "relax.rsqrt")
     if gamma_values is None or r_def is None:
         return None
@@ -115,10 +120,7 @@ def _match(graph: Graph, root):
     ve_def = chain.op(ve, "relax.add")
     if ve_def is None:
         return None
-    var, eps = chain.operands(ve_def[1])
-    if chain.const(var) is not None:
-        var, eps = eps, var
-    eps_value = chain.const(eps)
+    var, eps, eps_value = chain.tensor_and_constant(ve_def[1])
     var_def = _last_axis_mean(chain, var)
     if eps_value is None or var_def is None or eps_value.size != 1:
         return None
