@@ -96,6 +96,9 @@ BOUNDS = {
     "bert_encoder": Bound(10, 0.9, 0.995, "per-layer rounding differences accumulate"),
     "mobilevit": Bound(2, 0.5, 0.999, "per-layer rounding differences accumulate"),
     "convnext": Bound(3, 1.0, 0.999, "per-layer rounding differences accumulate"),
+    # Measured: 4 steps on 11.8% of its 1024 outputs, corr 0.9999 (two Dense layers, a
+    # LayerNorm's thirteen ops and a GELU, each rounding once in float).
+    "dense_4d_shape_chain": Bound(5, 0.2, 0.999, "per-layer rounding differences accumulate"),
 }
 MODELS = zoo.names()
 LEVELS = tuple(targets.LEVELS)
