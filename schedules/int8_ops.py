@@ -374,7 +374,7 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
              b_first: bool = False, constant: np.ndarray | None = None):
     """TFLite's 8-bit ADD (broadcasting, fused activation ``act_range``) as a PrimFunc
     ``(a, b, out)``; ``*_q`` = (float32 scale, zero point), ``act_range`` = (lo, hi) in
-    output units (``tflite_layers.activation_range``), None for no activation.
+    output units (``frontend.layers.activation_range``), None for no activation.
     ``op``: "ADD", "SUB" (``a' - b'``) or "SQUARED_DIFFERENCE" (``(a' - b')**2``), each
     with its Prepare (``add_params``). ``b_first``: the PrimFunc takes ``(b, a, out)`` (a
     SUB whose first operand is a constant: call_tir passes constants last).

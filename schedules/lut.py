@@ -42,7 +42,7 @@ RELU, RELU6, RELU_N1_TO_1 (``relu_table``; TFLite's ``ReluX``)
     Prepare: ``s_in / s_out`` (float32) split by QuantizeMultiplier; the clamp (lo, hi)
     is the activation's range in output units, ``zp_out + roundf(bound / s_out)`` within
     the dtype, which the caller passes as ``act_range``: the same range TFLite computes
-    for a fused activation (``tflite_layers.activation_range``).
+    for a fused activation (``frontend.layers.activation_range``).
     Eval: ``clamp(M(x - zp_in, m, e) + zp_out, lo, hi)``.
 RSQRT (``rsqrt_table``; int8 only, TFLite's ``RsqrtEvalQuantizedInt8``)
     Prepare: ``1 / (sqrtf(s_in) * s_out)`` (the root and the product in float32, the

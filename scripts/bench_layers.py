@@ -10,7 +10,7 @@ model zoo builds its models) and cached under ``$TVM_ARMQ_HOME/bench`` (default
   TFLite     ``armperf.py tflite MODEL`` - LiteRT with XNNPACK, one thread, on the level's
              emulated CPU (XNNPACK picks its micro-kernels from that CPU's features).
   tvm_armq   the layer's kernel built from exactly that model's parameters
-             (``tflite_layers.read_layer``): conv2d / dense through ``conv2d_gemm`` with
+             (``frontend.layers.read_layer``): conv2d / dense through ``conv2d_gemm`` with
              the level's best micro-kernel (``kernels.select``) and the knobs
              ``conv2d_gemm.default_knobs(shape, kernel, parallel=False)`` (``--knobs``
              overrides fields, e.g. ``--knobs m_tiles=2,n_tiles=4``); depthwise
@@ -74,8 +74,8 @@ from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
 from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
 from tvm_armq.schedules import reference as ref
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_layers import read_layer
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.layers import read_layer
+from tvm_armq.frontend.model import TFLiteModel
 
 
 # Bump when the builder, the layer table's meaning or the converter settings change:

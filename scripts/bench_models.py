@@ -32,9 +32,10 @@ import tempfile
 from pathlib import Path
 
 import armperf_tool
-from tvm_armq import build, export, hooks, targets, tflite_import, zoo
+from tvm_armq import build, export, hooks, targets, zoo
+from tvm_armq.frontend import importer
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.model import TFLiteModel
 
 DEFAULT_MODELS = ["mobilenet_v1_0.25", "resnet_block", "inception_block", "mobilenet_v1_1.0",
                   "mobilenet_v2_1.0", "mobilenet_v3_small", "efficientnet_b1", "densenet121"]
@@ -44,7 +45,7 @@ def compile_stock(model: TFLiteModel, level: str):
     """The model as stock TVM 0.27 compiles it (tvm_armq's hook bypassed)."""
     import tvm
 
-    return tvm.compile(tflite_import.import_tflite(model), target=targets.resolve(level),
+    return tvm.compile(importer.import_tflite(model), target=targets.resolve(level),
                        relax_pipeline=hooks.stock_pipeline())
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import armperf_tool
 from tvm_armq import build, export, targets, zoo
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.model import TFLiteModel
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,

@@ -18,7 +18,7 @@ import numpy as np
 
 import armperf_tool
 from tvm_armq import build, device, export, tuning, zoo
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.model import TFLiteModel
 
 DEVICE_PORT = 9690  # away from the test suite's and tune's devices
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))  # armq_checks: the liveness guard the t
 from armq_checks import assert_alive  # noqa: E402
 from tvm_armq import build, device, export, layer_diff, zoo  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
-from tvm_armq.tflite_model import TFLiteModel  # noqa: E402
+from tvm_armq.frontend.model import TFLiteModel  # noqa: E402
 from tvm_armq.report import Fallback  # noqa: E402
 
 # The zoo's biggest nets (most layers, or the largest input: InceptionV3's 299x299).

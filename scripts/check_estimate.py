@@ -1,5 +1,5 @@
-"""Does tvm_armq's cycle model (``python -m tvm_armq estimate``, tvm_armq/cycles.py) agree
-with the yardstick, ``../shared/armperf``? For each model and ISA level: build it as
+"""Does tvm_armq's cycle model (``python -m tvm_armq estimate``, tvm_armq/device/cycles.py)
+agree with the yardstick, ``../shared/armperf``? For each model and ISA level: build it as
 ``compile --isa LEVEL --threads 1`` does, estimate one run as ``estimate`` does
 (``build.estimate_model``: the compiled library's total, the per-layer rows from a
 bytecode build), measure that compiled library with armperf, print both and their ratio.
@@ -28,7 +28,7 @@ import armperf_tool
 from tvm_armq import build, zoo
 from tvm_armq.targets import LEVELS
 from tvm_armq.threads import POOL_FUNC
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.model import TFLiteModel
 
 DEFAULT_MODELS = ["mobilenet_v1_0.25", "mobilenet_v2_1.0", "inception_block"]
 

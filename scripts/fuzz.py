@@ -56,7 +56,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tvm_armq.tflite_writer import Operator, graph_model, options
+from tvm_armq.frontend.writer import Operator, graph_model, options
 
 INT8 = (-128, 127)
 ACTIVATIONS = {"NONE": 0, "RELU": 1, "RELU_N1_TO_1": 2, "RELU6": 3}
@@ -69,7 +69,7 @@ FUZZ_PORT = 9400    # the fuzzer's device: the first free port from here
 
 @dataclasses.dataclass
 class Graph:
-    """Tensors and operators of one model under construction (``tflite_writer`` dicts)."""
+    """Tensors and operators of one model under construction (``frontend.writer`` dicts)."""
 
     tensors: list = dataclasses.field(default_factory=list)
     operators: list = dataclasses.field(default_factory=list)
@@ -819,7 +819,7 @@ class Outcome:
 
 
 def batch_model(seed: int, indices, ops, chains):
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     g = Graph()
     cases = [draw(seed, i, ops, chains, g) for i in indices]

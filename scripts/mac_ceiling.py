@@ -45,7 +45,7 @@ import bench_models  # noqa: E402
 from tvm_armq import zoo  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
 from tvm_armq.schedules.window import same_padding  # noqa: E402
-from tvm_armq.tflite_model import TFLiteModel  # noqa: E402
+from tvm_armq.frontend.model import TFLiteModel  # noqa: E402
 
 TARGET = 1.25  # issue 18's tflite / tvm_armq on one thread
 _WINDOW_OPTIONS = {"CONV_2D": "Conv2DOptions", "DEPTHWISE_CONV_2D": "DepthwiseConv2DOptions"}

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Build the deterministic int8 TFLite model zoo (see tvm_armq/zoo.py).
+"""Build the deterministic int8 TFLite model zoo (see tvm_armq/zoo/).
 
     python scripts/make_models.py                 # build every model
     python scripts/make_models.py conv2d_3x3 add  # build some

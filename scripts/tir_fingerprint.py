@@ -25,7 +25,8 @@ import json
 import sys
 from pathlib import Path
 
-from tvm_armq import build, targets, tflite_import, zoo
+from tvm_armq import build, targets, zoo
+from tvm_armq.frontend import importer
 from tvm_armq.targets import LEVELS
 
 
@@ -39,7 +40,7 @@ def fingerprints(model: str, mode: str) -> dict[str, str]:
     import tvm
 
     level, precision = ("i8mm", "bf16") if mode == BF16 else (mode, "int8")
-    mod = build.lower(tflite_import.import_tflite(str(zoo.build(model))),
+    mod = build.lower(importer.import_tflite(str(zoo.build(model))),
                       targets.resolve(level), precision=precision)
     out = {}
     for gv, func in mod.functions.items():

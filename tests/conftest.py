@@ -140,7 +140,7 @@ def compiled_models(devices, tmp_path_factory):
     random inputs of each seed in the level's one session of the module (a device serves
     one session at a time; the sessions end with the module)."""
     from tvm_armq import build, export
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     sessions: dict = {}
     cache: dict = {}

@@ -3,9 +3,11 @@
 Read from the source (every ``import`` statement, function-level ones included), the
 modules of ``tvm_armq`` form a directed acyclic graph, and the folders are layers:
 ``intrinsics/`` (instructions) imports nothing of ``schedules/`` or of the top package,
-``schedules/`` (computes and schedules) nothing of the top package. No module imports a
-private name (``_x``) of another, every module opens with a docstring saying what it
-does, and no function-level import rebinds one of its function's parameters.
+``schedules/`` (computes and schedules) nothing of the top package, and the first stage,
+``tvm_armq/frontend/`` (TFLite in, Relax out), like ``tvm_armq/zoo/`` (the test models),
+nothing of the later ones (``tvm_armq/passes/``, ``tvm_armq/device/``, the top package).
+No module imports a private name (``_x``) of another, every module opens with a docstring
+saying what it does, and no function-level import rebinds one of its function's parameters.
 """
 
 from __future__ import annotations
@@ -15,10 +17,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 # package name -> folder (setup.cfg's package_dir)
-FOLDERS = {"tvm_armq": REPO / "tvm_armq", "tvm_armq.passes": REPO / "tvm_armq" / "passes",
+FOLDERS = {"tvm_armq": REPO / "tvm_armq",
+           **{f"tvm_armq.{stage}": REPO / "tvm_armq" / stage
+              for stage in ("frontend", "passes", "device", "zoo")},
            "tvm_armq.schedules": REPO / "schedules",
            "tvm_armq.intrinsics": REPO / "intrinsics"}
-LAYER = {"tvm_armq.intrinsics": 0, "tvm_armq.schedules": 1, "tvm_armq": 2, "tvm_armq.passes": 2}
+LAYER = {"tvm_armq.intrinsics": 0, "tvm_armq.schedules": 1, "tvm_armq.frontend": 2,
+         "tvm_armq.zoo": 2, "tvm_armq": 3, "tvm_armq.passes": 3, "tvm_armq.device": 3}
 
 
 def _modules() -> dict[str, Path]:

@@ -22,8 +22,9 @@ import numpy as np
 import pytest
 from armq_checks import one_level_in_turn, output_pairs, tier
 
-from tvm_armq import build, export, hooks, targets, tflite_import, zoo
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq import build, export, hooks, targets, zoo
+from tvm_armq.frontend import importer
+from tvm_armq.frontend.model import TFLiteModel
 
 pytestmark = pytest.mark.device
 
@@ -118,7 +119,7 @@ def test_stock_tvm_matches_tflite(devices, level, name, zoo_model, tmp_path, rep
     expected = model.reference_outputs(inputs)
     import tvm
 
-    exe = tvm.compile(tflite_import.import_tflite(model), target=targets.resolve(level),
+    exe = tvm.compile(importer.import_tflite(model), target=targets.resolve(level),
                       relax_pipeline=hooks.stock_pipeline())
     lib = export.export_aarch64(exe, tmp_path / "model.so")
     got = build.run_on_device(devices.session(level), lib, inputs)

@@ -108,7 +108,7 @@ def _tflite_model(shape: bm.BatchMatmulShape, p: bm.BatchMatmulParams, scales) -
     given (lhs, rhs, out) scales."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     def options(b):
         tflite.BatchMatMulOptionsStart(b)
@@ -135,7 +135,7 @@ def _by_name(name):
 
 @pytest.mark.parametrize("name", TFLITE_CASES)
 def test_reference_equals_tflite(name):
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     _, shape, p, a, b = _by_name(name)
     scales = _case_scales(shape, p, a, b)

@@ -21,12 +21,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tvm_armq import build, export, targets, tflite_import, zoo
+from tvm_armq import build, export, targets, zoo
+from tvm_armq.frontend import importer
 from tvm_armq.intrinsics import kernels
 from tvm_armq.schedules import conv2d_bf16 as cb
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.window import same_padding
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.model import TFLiteModel
 from tvm_armq.report import Fallback, Lowered
 
 pytestmark = pytest.mark.device
@@ -309,7 +310,7 @@ def test_bf16_needs_the_bf16_extension(level):
     msg = str(err.value)
     assert "+bf16" in msg and targets.describe(target) in msg and "--isa i8mm" in msg
     with target, pytest.raises(kernels.MissingTargetFeature) as err:
-        bf16.float_to_bf16(target, report=[])(tflite_import.import_tflite(model))
+        bf16.float_to_bf16(target, report=[])(importer.import_tflite(model))
     msg = str(err.value)
     assert kernels.GEMM_BF16BF16F32_2X2X4_BF16 in msg and "+bf16" in msg
     assert str(targets.resolve(target)) in msg

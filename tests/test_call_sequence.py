@@ -1,5 +1,5 @@
-"""A model's kernel calls as one library function (``tvm_armq.call_sequence``): the arena
-plan on the host, the compiled library's shape, and runs on the device, bit-exact."""
+"""A model's kernel calls as one library function (``tvm_armq.passes.call_sequence``): the
+arena plan on the host, the compiled library's shape, and runs on the device, bit-exact."""
 
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import pytest
 
 import tvm_armq  # noqa: F401  (installs the hooks)
 from armq_checks import assert_exact, llvm_source
-from tvm_armq import build, call_sequence, export, targets
-from tvm_armq.call_sequence import ALIGN, _Tensor, place
+from tvm_armq import build, export, targets
+from tvm_armq.passes import call_sequence
+from tvm_armq.passes.call_sequence import ALIGN, _Tensor, place
 
 
 def _overlap(a, b):
@@ -50,7 +51,7 @@ def test_arena_gives_live_tensors_their_own_bytes_and_reuses_dead_ones():
 
 
 def _two_in_two_out(zoo_model):
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     return TFLiteModel.load(zoo_model("two_in_two_out"))
 

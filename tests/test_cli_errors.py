@@ -2,7 +2,7 @@
 of its class (``cli.EXIT_CODES``) and no traceback; the files it was given are unchanged.
 
 Each case runs the real command line in a subprocess (and, where there is one, the Python
-API call behind it). Models are written here with ``tflite_writer`` (one FULLY_CONNECTED
+API call behind it). Models are written here with ``frontend.writer`` (one FULLY_CONNECTED
 layer in int8, int16x8 and float32), so no case needs TensorFlow. Cases that need a device
 (a crash from the wrong ISA level, outputs that differ, tuning) are marked ``device``.
 """
@@ -25,7 +25,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tvm_armq import cli, device, tflite_import, tuning
+from tvm_armq import cli, device, tuning
+from tvm_armq.frontend import importer
 
 # Exit statuses, as cli.EXIT_CODES assigns them.
 USAGE, MODEL, UNSUPPORTED, TARGET, DEVICE, DATABASE, OUTPUT, DIFFER, TRIALS_FAILED = range(2, 11)
@@ -69,7 +70,7 @@ def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1,
     int8 weights for ``dynamic_range``, TFLite's dynamic-range quantization)."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     rng = np.random.default_rng(0)
     quantized = act != "float32"
@@ -101,7 +102,7 @@ def float_tanh(n: int = 1024) -> bytes:
     reference kernel with std::tanh: on a full vector some results differ in the last bit."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     tensors = [dict(shape=(1, n), dtype="float32"), dict(shape=(1, n), dtype="float32")]
     return single_op_model(tflite.BuiltinOperator.TANH, tensors, [0], [1], None, version=1)
@@ -143,7 +144,7 @@ def test_corrupt_model_is_rejected_by_tflites_verifier(models, kind, command, tm
 
 def test_corrupt_model_in_python():
     import tvm_armq
-    from tvm_armq.tflite_model import ModelError
+    from tvm_armq.frontend.model import ModelError
 
     with pytest.raises(ModelError, match="flatbuffer verifier rejects it"):
         tvm_armq.compile_tflite(cli.BUNDLED_MODEL.read_bytes()[:1000], "neon")
@@ -182,7 +183,7 @@ def test_model_tflite_itself_cannot_load(tmp_path):
     """A CUSTOM operator (no custom code): well-formed, but TFLite has no kernel for it."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     model = tmp_path / "custom.tflite"
     model.write_bytes(single_op_model(
@@ -194,7 +195,7 @@ def test_model_tflite_itself_cannot_load(tmp_path):
 def test_int16x8_model_in_python(models):
     import tvm_armq
 
-    with pytest.raises(tflite_import.UnsupportedModel, match="is int16"):
+    with pytest.raises(importer.UnsupportedModel, match="is int16"):
         tvm_armq.compile_tflite(models["int16"], "i8mm")
 
 

@@ -32,7 +32,7 @@ from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
 from tvm_armq.schedules.gemm_plan import GemmKnobs
 from tvm_armq.schedules.tir_util import merge_outputs, view_params
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_layers import read_layer
+from tvm_armq.frontend.layers import read_layer
 
 pytestmark = pytest.mark.device
 
@@ -428,7 +428,7 @@ def _tflite_case(path):
 def test_conv2d_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
     """The zoo's CONV_2D (1x1, 3x3, strided, dilated, grouped) and FULLY_CONNECTED models
     through the best kernel of the level equal TFLite's reference kernels, bit for bit."""
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     target = targets.resolve(level)
     kernel = kernels.select(target, "int8", "int8")

@@ -1,6 +1,6 @@
-"""The cycle model (tvm_armq/cycles.py): the qemu plugin counts block executions exactly,
-llvm-mca prices blocks on a core's model, code qemu cut in pieces is priced whole, code
-above the emulated level dies (SIGILL) instead of being priced, ``estimate`` breaks a
+"""The cycle model (tvm_armq/device/cycles.py): the qemu plugin counts block executions
+exactly, llvm-mca prices blocks on a core's model, code qemu cut in pieces is priced whole,
+code above the emulated level dies (SIGILL) instead of being priced, ``estimate`` breaks a
 model's cycles down by layer, and on several threads counts each thread's work apart with
 its waiting left out. The tests that run code under qemu are marked ``device``."""
 
@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import pytest
 
-from tvm_armq import build, cli, cycles, export, targets, zoo
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq import build, cli, export, targets, zoo
+from tvm_armq.device import cycles
+from tvm_armq.frontend.model import TFLiteModel
 
 LOOP_TRIPS = 1000
 RUNS = 3

@@ -26,7 +26,7 @@ from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import depthwise as dw
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules.window import same_padding
-from tvm_armq.tflite_layers import read_layer
+from tvm_armq.frontend.layers import read_layer
 
 pytestmark = pytest.mark.device
 
@@ -424,7 +424,7 @@ TFLITE_MODELS = ("depthwise_3x3", "depthwise_3x3_s2")
 
 
 def _tflite_layer(path):
-    """Everything the kernel needs, read from the .tflite file (``tflite_layers.read_layer``)."""
+    """Everything the kernel needs, read from the .tflite file (``frontend.layers.read_layer``)."""
     layer = read_layer(path)
     assert layer.op == "DEPTHWISE_CONV_2D"
     _, h, w, c = layer.input_shape
@@ -439,7 +439,7 @@ def _tflite_layer(path):
 def test_depthwise_matches_tflite(run_funcs, level, zoo_model, tmp_path, report):
     """The zoo's DEPTHWISE_CONV_2D models (3x3 SAME + ReLU; 3x3 SAME stride 2 + ReLU6)
     through this kernel on the device equal TFLite's reference kernels, bit for bit."""
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     funcs, datasets, expected = {}, [], []
     for name in TFLITE_MODELS:

@@ -69,8 +69,8 @@ def test_reproducers_are_exact(devices, tmp_path):
     from armq_checks import output_pairs
 
     from tvm_armq import build, export
+    from tvm_armq.frontend.model import TFLiteModel
     from tvm_armq.report import Fallback
-    from tvm_armq.tflite_model import TFLiteModel
 
     paths = _reproducers()
     assert paths, f"{CASES_DIR} holds no reproducer"

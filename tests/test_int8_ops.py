@@ -5,7 +5,7 @@ Three layers of evidence:
 
 1. Host: the NumPy references (``schedules.reference``) with the Prepare parameters of
    ``int8_ops.*_params`` equal TFLite's ``BUILTIN_REF`` kernels on single-op models written
-   with the ``tflite`` package's flatbuffer builder (``tflite_writer.single_op_model``), so
+   with the ``tflite`` package's flatbuffer builder (``frontend.writer.single_op_model``), so
    that any scale, zero point, shape, keep_dims or activation can be tried. A seeded random
    sweep of ~160 models covers shifts both ways, zero points across the range,
    broadcasting, int8 and uint8.
@@ -29,13 +29,13 @@ import numpy as np
 import pytest
 from armq_checks import tier
 
-from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.frontend.writer import single_op_model
 from tvm_armq.schedules import int8_ops as ops
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules import softmax as softmax_ops
 from tvm_armq.schedules.window import same_padding
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_layers import activation_range
+from tvm_armq.frontend.layers import activation_range
 
 pytestmark = pytest.mark.device
 
@@ -140,7 +140,7 @@ def _pool_padding(shape, pool, strides, same: bool):
 
 
 def _tflite(model: bytes, inputs):
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     return TFLiteModel.load(model).reference_outputs(list(inputs))[0]
 
@@ -664,7 +664,7 @@ def _tflite_tensors(model, seed: int):
 def _zoo_calls(zoo_model):
     """The zoo's operators: (func name, func, args, expected, label) with the operator's
     input and output tensors as TFLite computes them, in the single-op models and nets."""
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     calls = []
     for model_name, op_names in ZOO_OPS.items():

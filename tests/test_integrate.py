@@ -8,7 +8,8 @@ import pytest
 from armq_checks import llvm_source
 
 import tvm_armq
-from tvm_armq import build, cli, export, targets, tflite_import
+from tvm_armq import build, cli, export, targets
+from tvm_armq.frontend import importer
 from tvm_armq.passes import gemm
 from tvm_armq.report import Lowered
 
@@ -19,7 +20,7 @@ def float_layer_model(tmp_path):
     the pass leaves it float (dequantize, log_softmax, quantize)."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     tensors = [dict(shape=(1, 4, 4, 16), dtype="int8", q=(0.05, 3)),
                dict(shape=(1, 4, 4, 16), dtype="int8", q=(16 / 256, 127))]  # TFLite's fixed q
@@ -35,11 +36,11 @@ def test_plain_tvm_compile_runs_tvm_armq_kernels_for_aarch64(devices, zoo_model,
     target contains the tvm_armq kernel (by name and instruction) and is bit-exact."""
     import tvm
 
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo_model("conv2d_3x3"))
     target = tvm.target.Target(tvm_armq.target("dotprod"))
-    exe = tvm.compile(tflite_import.import_tflite(model), target=target)
+    exe = tvm.compile(importer.import_tflite(model), target=target)
     asm = exe.mod.imports[0].inspect_source("asm") if exe.mod.imports else ""
     assert "tvm_armq_conv2d" in asm and "sdot" in asm
     lib = export.export_aarch64(exe, tmp_path / "model.so")
@@ -55,13 +56,13 @@ def test_compile_tflite_builds_main_as_code(zoo_model, tmp_path, devices):
     ``exec_mode="bytecode"`` keep TVM's bytecode; another mode is refused."""
     import tvm
 
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     assert build.EXEC_MODE == "compiled"
     model = TFLiteModel.load(zoo_model("conv2d_3x3"))
     exe = build.compile_tflite(model, "dotprod")
     assert "@__vmtir__main_compute_(" in llvm_source(exe)
-    plain = tvm.compile(tflite_import.import_tflite(model),
+    plain = tvm.compile(importer.import_tflite(model),
                         target=tvm.target.Target(tvm_armq.target("dotprod")))
     assert "__vmtir__main" not in llvm_source(plain)
     interpreted = build.compile_tflite(model, "dotprod", exec_mode="bytecode")
@@ -80,7 +81,7 @@ def test_x86_target_compiles_with_stock_tvm(zoo_model):
     import tvm
     from tvm import relax
 
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo_model("conv2d_1x1"))
     vm = relax.VirtualMachine(build.compile_tflite(model, "llvm"), tvm.cpu())
@@ -152,10 +153,10 @@ def test_kernels_take_and_give_the_model_shapes(zoo_model):
     takes its [1, K] row as it is, each a view inside the kernel
     (``tir_util.view_params``), so no Relax reshape runs between two kernel calls:
     two_in_two_out's lowered main keeps one reshape, the model's own RESHAPE op."""
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo_model("two_in_two_out"))
-    mod = build.lower(tflite_import.import_tflite(model), targets.resolve("dotprod"))
+    mod = build.lower(importer.import_tflite(model), targets.resolve("dotprod"))
     text = mod["main"].script()
     assert text.count("R.reshape(") == 1, text
     assert 'op5_reshape: R.Tensor((32,), dtype="int8") = R.reshape(' in text
@@ -196,7 +197,7 @@ def _u8_model(op: str, in_shape, out_c: int, *, k=3, stride=1, same=True, act=0,
     quantization, which today's converter no longer writes)."""
     import tflite
 
-    from tvm_armq.tflite_writer import single_op_model
+    from tvm_armq.frontend.writer import single_op_model
 
     rng = np.random.default_rng(seed)
     if op == "CONV_2D":
@@ -250,7 +251,7 @@ U8_MODELS = {
 def test_legacy_uint8_models_are_bit_exact(devices, level, tmp_path, report):
     """uint8 CONV_2D / FULLY_CONNECTED with weight zero points run the u8 GEMM kernel of the
     level (plus the row sums the weight zero point needs) and equal TFLite's reference."""
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     from tvm_armq.intrinsics import kernels
 
@@ -310,7 +311,7 @@ def test_tflite_rounds_fully_connected_once_and_conv2d_twice(zoo_model, name, ro
     every output and the other rule does not, so the pass must (and does: ``requant_rounding``)
     give each op its own."""
     from tvm_armq.intrinsics.requant import multiply_by_quantized_multiplier
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo_model(name))
     acc, expected, mult, shift, zp = _layer_accumulators(model, 0, seeds)

@@ -6,7 +6,7 @@ Two layers of evidence:
 
 1. Host: each op's 256-entry table (TFLite's arithmetic, written out in NumPy) equals what
    TFLite's ``BUILTIN_REF`` kernel outputs for every one of the 256 input values, on
-   single-op models written with ``tflite_writer``, over a seeded sweep of input scales
+   single-op models written with ``frontend.writer``, over a seeded sweep of input scales
    across four decades, output scales around them and zero points over the whole range
    (the extremes included), for int8 and uint8 (EXP: int8; RSQRT: int8, and only the
    inputs at or above the zero point, the ones TFLite agrees to run on).
@@ -28,18 +28,18 @@ from armq_checks import (assert_alive, assert_exact, assert_functions_use, one_l
                          tier)
 
 from tvm_armq import build, export
+from tvm_armq.frontend.layers import (ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
+                                      activation_range)
+from tvm_armq.frontend.model import TFLiteModel
+from tvm_armq.frontend.writer import single_op_model
 from tvm_armq.schedules import lut
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_layers import (ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
-                                    activation_range)
-from tvm_armq.tflite_model import TFLiteModel
-from tvm_armq.tflite_writer import single_op_model
 from tvm_armq.report import Fallback
 
 # TFLite's fixed output quantization of its 8-bit LOGISTIC and TANH kernels
 FIXED_OUTPUT = {("LOGISTIC", "int8"): (1 / 256, -128), ("LOGISTIC", "uint8"): (1 / 256, 0),
                 ("TANH", "int8"): (1 / 128, 0), ("TANH", "uint8"): (1 / 128, 128)}
-# the RELU family's clamp, as the pass computes it (tflite_layers.activation_range)
+# the RELU family's clamp, as the pass computes it (frontend.layers.activation_range)
 RELU_ACTIVATIONS = {"RELU": ACT_RELU, "RELU6": ACT_RELU6, "RELU_N1_TO_1": ACT_RELU_N1_TO_1}
 HOST_DRAWS = 20  # random (scale, zero point) draws per op and dtype, plus the edge cases
 
@@ -50,8 +50,8 @@ def unary_model(op: str, shape, in_q, out_q, dtype: str, options=None) -> bytes:
     converter leaves it: DEQUANTIZE -> the float op -> QUANTIZE."""
     import tflite
 
-    from tvm_armq.tflite_writer import Operator, graph_model
-    from tvm_armq.tflite_writer import options as tflite_options
+    from tvm_armq.frontend.writer import Operator, graph_model
+    from tvm_armq.frontend.writer import options as tflite_options
 
     options = options or {}
     code = getattr(tflite.BuiltinOperator, op)

@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))
 
 import mac_ceiling  # noqa: E402
 from test_transpose_conv import GEOMETRIES, _draw, _id, transpose_conv_model  # noqa: E402
-from tvm_armq import tflite_layers, zoo  # noqa: E402
-from tvm_armq.tflite_model import TFLiteModel  # noqa: E402
+from tvm_armq import zoo  # noqa: E402
+from tvm_armq.frontend.layers import QuantLayer, read_layer  # noqa: E402
+from tvm_armq.frontend.model import TFLiteModel  # noqa: E402
 
 
 def tf_same_before(in_size: int, k: int, stride: int, dilation: int) -> int:
@@ -52,7 +53,7 @@ def window_options(model: TFLiteModel):
     raise AssertionError("no convolution in the model")
 
 
-def enumerated_macs(model: TFLiteModel, layer: tflite_layers.QuantLayer) -> int:
+def enumerated_macs(model: TFLiteModel, layer: QuantLayer) -> int:
     """Products of the layer's direct algorithm whose input is inside the tensor."""
     if layer.op == "FULLY_CONNECTED":  # [rows, N] = [rows, K] x [K, N]
         rows, n_out = layer.output_shape
@@ -79,7 +80,7 @@ def enumerated_macs(model: TFLiteModel, layer: tflite_layers.QuantLayer) -> int:
                                   "depthwise_3x3_s2", "fully_connected"])
 def test_macs_of_a_layer_are_its_in_bounds_products(name):
     model = TFLiteModel.load(zoo.build(name))
-    layer = tflite_layers.read_layer(model)
+    layer = read_layer(model)
     expected = enumerated_macs(model, layer)
     assert mac_ceiling.model_macs(model) == expected
     if layer.op != "FULLY_CONNECTED" and window_options(model)[2]:

@@ -30,8 +30,8 @@ import pytest
 from armq_checks import one_level_in_turn, same_code_at_every_level, tier
 from tvm_armq import build
 from tvm_armq.targets import LEVELS as _LEVELS
-from tvm_armq.tflite_model import TFLiteModel
-from tvm_armq.tflite_writer import Operator, graph_model, single_op_model
+from tvm_armq.frontend.model import TFLiteModel
+from tvm_armq.frontend.writer import Operator, graph_model, single_op_model
 from tvm_armq.report import Fallback
 
 pytestmark = pytest.mark.device
@@ -43,7 +43,7 @@ Q_IN, Q_B, Q_OUT = (0.05, 3), (0.02, -7), (0.04, -2)
 class Case:
     name: str
     op: str                  # tflite.BuiltinOperator name
-    tensors: tuple = ()      # dicts for tflite_writer.single_op_model
+    tensors: tuple = ()      # dicts for frontend.writer.single_op_model
     inputs: tuple = ()
     outputs: tuple = ()
     options: object = None   # (BuiltinOptions name, function(tflite, builder) -> offset)

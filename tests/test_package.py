@@ -43,12 +43,13 @@ def test_other_targets_compile_as_without_the_import():
     import tvm
     from tvm import relax
 
-    from tvm_armq import tflite_import, zoo
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq import zoo
+    from tvm_armq.frontend import importer
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo.build("conv2d_3x3"))
     x = model.random_inputs(seed=3)
-    mod = tflite_import.import_tflite(model)
+    mod = importer.import_tflite(model)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     got = vm["main"](tvm.runtime.tensor(x[0])).numpy()
     assert np.abs(got.astype(int) - model.reference_outputs(x)[0]).max() <= 1

@@ -11,8 +11,8 @@ import pytest
 from armq_checks import assert_exact, assert_run_exact
 
 from tvm_armq import build, device, export, portable, targets, zoo
+from tvm_armq.frontend.model import TFLiteModel
 from tvm_armq.targets import LEVELS
-from tvm_armq.tflite_model import TFLiteModel
 
 NETS = ["mobilenet_v1_0.25", "inception_block"]
 CAP_PORT = 9480  # the capped devices' ports: away from the suite's level devices
@@ -137,9 +137,9 @@ def test_portable_target_names_its_levels():
 def test_plain_tvm_compile_of_a_portable_target_says_what_to_do():
     import tvm
 
-    from tvm_armq import tflite_import
+    from tvm_armq.frontend import importer
 
-    mod = tflite_import.import_tflite(TFLiteModel.load(zoo.build("conv2d_1x1")))
+    mod = importer.import_tflite(TFLiteModel.load(zoo.build("conv2d_1x1")))
     with pytest.raises(Exception, match="compile_tflite"):
         tvm.compile(mod, target=targets.resolve(targets.PORTABLE))
 

@@ -380,7 +380,7 @@ def test_reference_reproduces_a_tflite_convolution(zoo_model):
     kernels exactly in double rounding (and not in single rounding)."""
     from ai_edge_litert.interpreter import Interpreter, OpResolverType
 
-    from tvm_armq.tflite_model import TFLiteModel
+    from tvm_armq.frontend.model import TFLiteModel
 
     model = TFLiteModel.load(zoo_model("conv2d_3x3"))
     it = Interpreter(model_content=model.data, num_threads=1,

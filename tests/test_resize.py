@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tvm_armq.schedules import resize
-from tvm_armq.tflite_model import TFLiteModel
-from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.frontend.model import TFLiteModel
+from tvm_armq.frontend.writer import single_op_model
 
 SIZES = [((4, 5), (8, 10)), ((5, 3), (16, 7)), ((8, 8), (3, 5)), ((3, 7), (3, 7)),
          ((1, 4), (5, 1)), ((6, 6), (13, 11))]

@@ -22,8 +22,8 @@ from armq_checks import assert_exact, llvm_source, tier
 
 from tvm_armq import build, cli, device, export, threads, zoo
 from tvm_armq.schedules import gemm_plan
-from tvm_armq.tflite_import import import_tflite
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.importer import import_tflite
+from tvm_armq.frontend.model import TFLiteModel
 
 NET = "mobilenet_v1_0.25"
 SEEDS = (0, 1)

@@ -14,9 +14,9 @@ import pytest
 from tvm_armq.intrinsics import requant
 from tvm_armq.schedules import reference as ref
 from tvm_armq.schedules import transpose_conv as tc
-from tvm_armq.tflite_layers import ACT_NONE, ACT_RELU, activation_range
-from tvm_armq.tflite_model import TFLiteModel
-from tvm_armq.tflite_writer import single_op_model
+from tvm_armq.frontend.layers import ACT_NONE, ACT_RELU, activation_range
+from tvm_armq.frontend.model import TFLiteModel
+from tvm_armq.frontend.writer import single_op_model
 
 # (in_hw, kernel, stride, same, extra): ``extra`` output rows and columns past the size of
 # TRANSPOSE_CONV's usual output (TFLite takes an output_shape whose conv back to the input

@@ -21,8 +21,8 @@ from tvm_armq import build, export, targets, tuning
 from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
 from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
-from tvm_armq.tflite_layers import read_layer
-from tvm_armq.tflite_model import TFLiteModel
+from tvm_armq.frontend.layers import read_layer
+from tvm_armq.frontend.model import TFLiteModel
 
 MODEL = "conv2d_3x3"  # 1x16x16x8 -> 16 channels, 3x3 SAME: M = 256, K = 72, N = 16
 OTHER_MODEL = "conv2d_1x1"  # a layer the database has not seen

@@ -1,4 +1,4 @@
-"""Host-only tests of the model zoo (tvm_armq/zoo.py): no device, no TVM.
+"""Host-only tests of the model zoo (tvm_armq/zoo/): no device, no TVM.
 
 Every single-op model is built (into a temp dir, never the user's cache), loaded
 in TFLite, and checked for int8 inputs/outputs and for the operator and the

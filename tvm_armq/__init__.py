@@ -18,8 +18,8 @@ from .targets import LEVELS, IsaLevel, level, target
 __version__ = "0.1.0"
 __all__ = ["LEVELS", "IsaLevel", "level", "target", "compile_tflite", "inspect"]
 
-_LAZY = {"device", "build", "zoo", "tflite_model", "intrinsics", "schedules", "cli",
-         "passes", "tuning", "tflite_layers"}
+_LAZY = {"device", "build", "zoo", "frontend", "intrinsics", "schedules", "cli",
+         "passes", "tuning"}
 _LAZY_FUNCS = {"compile_tflite": "build", "inspect": "build"}
 
 _hooks.install()

@@ -21,14 +21,16 @@ from pathlib import Path
 
 import numpy as np
 
-from . import call_sequence, cycles, targets
+from . import targets
 from . import threads as pool
+from .device import cycles
 from .export import export_aarch64
+from .frontend.importer import import_tflite
+from .frontend.model import TFLiteModel
+from .passes import call_sequence
 from .portable import SELECTOR, level_name
 from .report import Fallback
 from .targets import LEVELS
-from .tflite_import import import_tflite
-from .tflite_model import TFLiteModel
 
 PRECISIONS = ("int8", "bf16")
 
@@ -145,7 +147,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 kernels[gv.name_hint] = (str(op), str(attrs["tvm_armq.kernel"]))
     if threads == 1:
         mod = pool.run_serially(mod)
-    if exec_mode == "compiled" and variants is None:  # (call_sequence.py)
+    if exec_mode == "compiled" and variants is None:  # (passes/call_sequence.py)
         mod = call_sequence.as_one_function(mod, tgt)
     if threads is not None:
         mod = pool.configure_pool(mod, threads, cores)

@@ -81,9 +81,9 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 # wins, so a subclass must come before its base class.
 EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (EXIT_USAGE, ("tvm_armq.cli:UsageError", "tvm_armq.targets:UnknownIsaError")),
-    (4, ("tvm_armq.tflite_import:UnsupportedModel", "tvm.error:OpNotImplemented",
-         "tvm_armq.tflite_model:TFLiteCannotRun")),  # a ModelError: before that row
-    (3, ("tvm_armq.tflite_model:ModelError",)),
+    (4, ("tvm_armq.frontend.importer:UnsupportedModel", "tvm.error:OpNotImplemented",
+         "tvm_armq.frontend.model:TFLiteCannotRun")),  # a ModelError: before that row
+    (3, ("tvm_armq.frontend.model:ModelError",)),
     (5, ("tvm_armq.build:UnsupportedTarget",
          "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
     (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),  # and CycleModelError
@@ -147,7 +147,7 @@ def _build_isa(text: str) -> str:
 def _core_option(p, what: str) -> None:
     """``--core``: a core model of the cycle model (``cycles.CORES``); checked against the
     level when the command runs."""
-    from .cycles import DEFAULT_CORE
+    from .device.cycles import DEFAULT_CORE
 
     defaults = ", ".join(f"{level} {core}" for level, core in DEFAULT_CORE.items())
     p.add_argument("--core", help=f"{what} (default: the level's: {defaults})")
@@ -180,7 +180,7 @@ def _positive_float(text: str) -> float:
 
 
 def _load(path: str):
-    from .tflite_model import TFLiteModel
+    from .frontend.model import TFLiteModel
 
     return TFLiteModel.load(path)
 
@@ -461,7 +461,8 @@ def cmd_device(a) -> int:
 
 # ------------------------------------------------------------------ tune
 def cmd_estimate(a) -> int:
-    from . import build, cycles
+    from . import build
+    from .device import cycles
 
     core = cycles.core_for(a.isa, a.core)  # a bad --core fails before the compile
     _at_least_one("--threads", a.threads)
@@ -522,7 +523,7 @@ def cmd_tune(a) -> int:
     if a.core and a.measure != "cycles":
         raise UsageError("--core chooses the core model of --measure cycles")
     if a.measure == "cycles":
-        from . import cycles
+        from .device import cycles
 
         cycles.core_for(a.isa, a.core)  # a bad --core fails before any work
     if tracker:  # before the model is split into tasks: a dead tracker fails in seconds

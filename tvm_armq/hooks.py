@@ -5,13 +5,13 @@ TVM 0.27 compiles a Relax module for a CPU target with the pipeline registered a
 call). ``install()`` wraps that entry: for an aarch64 LLVM target the wrapped pipeline
 first runs ``passes.integer.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
 tvm_armq kernel calls, the weights re-laid as constants), makes the kernel calls one
-function (``call_sequence``) and then runs TVM's own pipeline, unchanged. For any other
-target it is TVM's pipeline and nothing else, so x86, CUDA or a C-source build compile
-exactly as they would without tvm_armq.
+function (``passes.call_sequence``) and then runs TVM's own pipeline, unchanged. For any
+other target it is TVM's pipeline and nothing else, so x86, CUDA or a C-source build
+compile exactly as they would without tvm_armq.
 
-``install()`` also extends TVM's TFLite frontend (``frontend.py``): quantized ops that
-only move int8 bytes (PAD, SHAPE, STRIDED_SLICE, ...) import, a RESHAPE to a computed
-shape folds to its static one, and each operator's result is named after it.
+``install()`` also extends TVM's TFLite frontend (``frontend/converters.py``): quantized
+ops that only move int8 bytes (PAD, SHAPE, STRIDED_SLICE, ...) import, a RESHAPE to a
+computed shape folds to its static one, and each operator's result is named after it.
 
 This is the Relax-era place of what the Relay design did with a conv2d strategy and an
 alter-op-layout hook: dispatch and the compile-time weight transform both happen in the
@@ -45,11 +45,12 @@ def install() -> None:
     import tvm
     from tvm.relax import pipeline
 
-    from . import call_sequence, frontend
+    from .frontend import converters
     from .intrinsics import indirect
+    from .passes import call_sequence
     from .targets import portable_levels
 
-    frontend.extend()
+    converters.extend()
     indirect.install()
     call_sequence.install()
     original = pipeline.PIPELINE_MAP["default"]
@@ -68,7 +69,7 @@ def install() -> None:
                     "the build, which tvm.compile does not do: compile the model with "
                     "tvm_armq.compile_tflite(model, 'portable')")
             if applies_to(target):
-                from . import call_sequence
+                from .passes import call_sequence
                 from .passes.integer import quantized_to_integer
 
                 mod = quantized_to_integer(target)(mod)

@@ -3,8 +3,8 @@
 Read this first. ``python -m tvm_armq diff MODEL.tflite --isa LEVEL`` answers it:
 
 1. The model is imported as usual; the frontend names each TFLite operator's result
-   ``op<index>_<code>`` (``frontend.py``). ``keep_every_layer`` makes ``main`` return all
-   of those tensors instead of the model's outputs alone.
+   ``op<index>_<code>`` (``frontend/converters.py``). ``keep_every_layer`` makes ``main``
+   return all of those tensors instead of the model's outputs alone.
 2. That module is compiled for the level exactly as ``compile_tflite`` compiles the model
    (tvm_armq's pass, then TVM's pipeline; or stock TVM alone with ``stock=True``), run on
    the device, and every layer's tensor comes back.
@@ -23,9 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .frontend import operator_name, operator_of
+from .frontend.converters import operator_name, operator_of
+from .frontend.model import TFLiteModel
 from .report import Lowered
-from .tflite_model import TFLiteModel
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,11 +86,12 @@ def diff_layers(model, level: str, session, inputs=None, *, stock: bool = False,
     path) instead of tvm_armq's kernels. Returns one ``LayerDiff`` per operator, in order."""
     import tvm
 
-    from . import build, export, hooks, targets, tflite_import
+    from . import build, export, hooks, targets
+    from .frontend import importer
 
     model = TFLiteModel.load(model)
     inputs = model.random_inputs() if inputs is None else inputs
-    mod, operators = keep_every_layer(tflite_import.import_tflite(model))
+    mod, operators = keep_every_layer(importer.import_tflite(model))
     target = targets.resolve(level)
     report: list = []
     if not stock:

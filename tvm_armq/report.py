@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .frontend import operator_of
+from .frontend.converters import operator_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +42,7 @@ class Fallback:
     def line(self) -> str:
         where = self.name
         tflite_op = operator_of(self.name)
-        if tflite_op is not None:  # the TFLite operator the layer came from (frontend.py)
+        # the TFLite operator the layer came from (frontend/converters.py)
+        if tflite_op is not None:
             where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"
         return f"{self.op:17s} {where:41s} stays float: {self.reason}"

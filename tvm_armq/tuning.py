@@ -18,7 +18,7 @@ A run repeats, per task, rounds of ``batch`` candidates (``BATCH`` unless told):
                                     KEY, uploads the .so, times it (TVM's time_evaluator)
     CycleRunner                     measure="cycles": runs the .so on the level's emulated
                                     CPU under the block-counting plugin and records its
-                                    estimated cycles on a core's model (cycles.py)
+                                    estimated cycles on a core's model (device/cycles.py)
     measure callbacks               record it in the JSON database, train the cost model,
                                     advance the progress bar, report failed trials
 
@@ -135,8 +135,8 @@ def tasks_of_model(model, target) -> list[Task]:
     every GEMM layer and records it."""
     import tvm_ffi
 
+    from .frontend.importer import import_tflite
     from .passes.integer import quantized_to_integer
-    from .tflite_import import import_tflite
 
     target = targets.resolve(target)
     tasks, seen = [], set()
@@ -222,7 +222,7 @@ class TuningSummary:
     tasks: list
     # what the trials were measured with: "qemu-time" (wall time on the emulated device,
     # which ranks qemu's work), "board-time" (a real board's time_evaluator) or
-    # "cycles:<core>" (estimated cycles on that core's model, tvm_armq/cycles.py)
+    # "cycles:<core>" (estimated cycles on that core's model, tvm_armq/device/cycles.py)
     measured: str = "qemu-time"
 
     @property
@@ -423,7 +423,7 @@ class _CycleFuture(ms.runner.PyRunnerFuture):
 class CycleRunner(ms.runner.PyRunner):
     """Measures each candidate as its estimated cycles per call on ``core``'s model: the
     candidates' libraries run on ``level``'s emulated CPU under the block-counting plugin
-    and llvm-mca prices what ran (``cycles.py``). No RPC device is involved. A round's
+    and llvm-mca prices what ran (``device/cycles.py``). No RPC device is involved. A round's
     candidates are measured in one emulator run per host core (starting the emulated
     Python costs more than running a candidate); a run that crashes is redone one
     candidate at a time, so that only the crashing one fails."""
@@ -432,7 +432,7 @@ class CycleRunner(ms.runner.PyRunner):
         super().__init__()
         import concurrent.futures
 
-        from . import cycles
+        from .device import cycles
 
         self.level, self.runs, self.on_trial_done = level, runs, on_trial_done
         self.pricer = cycles.Pricer(core)
@@ -441,7 +441,7 @@ class CycleRunner(ms.runner.PyRunner):
 
     def _measure(self, runner_inputs) -> list:
         """Cycles per call of each input, or the exception that stopped its run."""
-        from . import cycles
+        from .device import cycles
 
         items = [(r.artifact_path, "main",
                   [(tuple(int(d) for d in a.shape), str(a.dtype)) for a in r.args_info])
@@ -462,7 +462,7 @@ class CycleRunner(ms.runner.PyRunner):
 
     def _cycles(self, items) -> list:
         """Cycles per call of each (library, entry, args), all in one emulator run."""
-        from . import cycles
+        from .device import cycles
 
         prof = cycles.profile_items(items, self.level, runs=self.runs,
                                     timeout=TRIAL_TIMEOUT_S * len(items))
@@ -724,7 +724,7 @@ def tune(tasks, target, *, work_dir, trials: int, tracker=None, level: str | Non
         raise TuningError("measure='cycles' estimates cycles on the emulated CPU: it takes "
                           "no RPC tracker (a real board is measured with measure='time')")
     if measure == "cycles":
-        from . import cycles
+        from .device import cycles
 
         level = _level_of(target, level)
         core = cycles.core_for(level, core)

@@ -7,5 +7,7 @@ kernel computes. The pass is a driver over the op families of ``families.py``: e
 is one module here (``gemm``, ``batch_matmul``, ``transpose_conv``, ``tables``,
 ``elementwise``, ``reduce``, ``requantize``, ``concat``, ``resize``, ``avg_pool``) with
 its matcher and its lowering (``records.OpFamily``); the kernels themselves live in
-``tvm_armq.schedules``. ``bf16.py``: the opt-in bf16 precision for float models.
+``tvm_armq.schedules``. ``bf16.py``: the opt-in bf16 precision for float models. Both read
+and rewrite the Relax graph through ``graph.py``. ``call_sequence.py`` runs after them: a
+model's kernel calls become one library function.
 """

@@ -4,9 +4,9 @@ frontend's division truncates; ``schedules.int8_ops.avg_pool_func``)."""
 
 from __future__ import annotations
 
-from ..graph import Graph, NotInteger, dtype_of, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, NotInteger, dtype_of, shape_of
 from .records import KernelCall, OpFamily
 
 

@@ -1,19 +1,19 @@
 """The BATCH_MATMUL family: the product of two int8 tensors made at run time (attention's
 Q.K^T and P.V), or of a tensor and a constant, as TFLite's BATCH_MATMUL computes it
 (``schedules.batch_matmul``: the level's GEMM micro-kernel, both operands packed at run
-time). The frontend's form (``frontend._convert_batch_matmul``): quantize(matmul(a, b)) of
-the dequantized operands, ``adj_x`` / ``adj_y`` a ``permute_dims`` swapping that operand's
-last two axes. A matmul of a tensor and a constant weight that is not a BATCH_MATMUL
-(a FULLY_CONNECTED) is the GEMM family's.
+time). The frontend's form (``frontend.converters._convert_batch_matmul``):
+quantize(matmul(a, b)) of the dequantized operands, ``adj_x`` / ``adj_y`` a ``permute_dims``
+swapping that operand's last two axes. A matmul of a tensor and a constant weight that is
+not a BATCH_MATMUL (a FULLY_CONNECTED) is the GEMM family's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, dequantize_of, qparams, shape_of
+from ..frontend.layers import ACT_NONE
 from ..report import Lowered
-from ..tflite_layers import ACT_NONE
+from .graph import Graph, NotInteger, dequantize_of, qparams, shape_of
 from .operands import binary_call, operand_shape, out_range, quantized_operand, tflite_code
 from .records import KernelCall, OpFamily, Options
 

@@ -39,8 +39,8 @@ import dataclasses
 import numpy as np
 
 from .. import targets
-from ..graph import Graph, dtype_of, rewrite_functions, shape_of
 from ..report import Fallback, Lowered
+from .graph import Graph, dtype_of, rewrite_functions, shape_of
 
 FLOAT = "float32"
 OP = "conv2d_bf16"

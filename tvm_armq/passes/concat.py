@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, shape_of
 from .operands import int8_output, no_activation, operand_shape, quantized_operand
 from .records import ConcatCall, KernelCall, OpFamily, Options
 

@@ -7,16 +7,16 @@ table of that tensor instead (``tables.one_input_table``).
 The frontend's forms: ``op(dequantize(a), dequantize(b))`` under the quantize, a fused
 ReLU / ReLU6 as a float ``relu`` / ``clip`` before it; SQUARED_DIFFERENCE as ``d * d`` of
 ``d = dequantize(a) - dequantize(b)``; PRELU as ``where(d >= 0, d, d * dequantize(alpha))``
-(``frontend._convert_prelu``).
+(``frontend.converters._convert_prelu``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, NotInteger, shape_of
 from .operands import (COMMON_SCALE_OPS, binary_call, binary_operands, elementwise_record,
                        int8_output, no_activation, operand_shape, quantized_operand,
                        quantized_var)

@@ -26,10 +26,10 @@ import dataclasses
 
 import numpy as np
 
-from ..graph import (Graph, NotInteger, clip_range, dequantized_const, dtype_of, qparams,
-                     shape_of)
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import (Graph, NotInteger, clip_range, dequantized_const, dtype_of, qparams,
+                    shape_of)
 from .records import KernelCall, OpFamily, Options
 
 

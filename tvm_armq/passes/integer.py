@@ -70,9 +70,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, dtype_of, op_type, rewrite_functions, shape_of
 from ..report import Fallback
 from .families import FAMILIES
+from .graph import Graph, NotInteger, dtype_of, op_type, rewrite_functions, shape_of
 from .operands import act_before
 from .records import ConcatCall, KernelCall, Options, Root
 

@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, dtype_of, qparams, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, NotInteger, dtype_of, qparams, shape_of
 from .records import KernelCall, OpFamily, Options
 
 

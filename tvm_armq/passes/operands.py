@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import (Graph, NotInteger, dequantize_of, dtype_of, fused_activation, is_const,
-                     qparams, shape_of)
+from ..frontend.layers import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, activation_range
 from ..report import Lowered
-from ..tflite_layers import ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, activation_range
+from .graph import (Graph, NotInteger, dequantize_of, dtype_of, fused_activation, is_const,
+                    qparams, shape_of)
 from .records import KernelCall
 
 INT8_RANGE = (-128, 127)
@@ -106,8 +106,9 @@ def float_const(graph: Graph, expr) -> float | None:
 
 
 def tflite_code(label: str) -> str | None:
-    """The TFLite op code of a layer's variable (``frontend.operator_name``), if named so."""
-    from ..frontend import operator_of
+    """The TFLite op code of a layer's variable (``frontend.converters.operator_name``), if
+    named so."""
+    from ..frontend.converters import operator_of
 
     found = operator_of(label)
     return found[1] if found else None

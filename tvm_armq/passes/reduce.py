@@ -2,13 +2,13 @@
 axis (any beta), TFLite's 8-bit arithmetic (``schedules.int8_ops`` for MEAN,
 ``schedules.softmax`` for SOFTMAX). The frontend's forms:
 ``mean(dequantize(x))`` and ``softmax(dequantize(x))`` (``softmax(beta * x)`` where beta is
-not 1: ``frontend._convert_softmax``) under the quantize.
+not 1: ``frontend.converters._convert_softmax``) under the quantize.
 """
 
 from __future__ import annotations
 
-from ..graph import Graph, NotInteger, shape_of
 from ..intrinsics import names
+from .graph import Graph, NotInteger, shape_of
 from .operands import elementwise_record, int8_output, no_activation, quantized_var
 from .records import KernelCall, OpFamily, Options
 
@@ -30,7 +30,7 @@ def _lower(graph: Graph, root, core, _opts: Options) -> KernelCall:
                           elementwise_record(op, root.label, x, out_shape,
                                              names.elementwise_name("mean")))
     arg, beta = core.args[0], 1.0
-    scaled = graph.call(arg, "relax.multiply")  # softmax(beta * x): frontend.py
+    scaled = graph.call(arg, "relax.multiply")  # softmax(beta * x): frontend/converters.py
     if scaled is not None and graph.const(scaled.args[1]) is not None:
         arg, beta = scaled.args[0], float(graph.const(scaled.args[1]))
     x, x_q = quantized_var(graph, arg, "the softmax input")

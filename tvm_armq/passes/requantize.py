@@ -3,9 +3,9 @@ imports as ``quantize(dequantize(x))`` (``schedules.int8_ops.requantize_func``).
 
 from __future__ import annotations
 
-from ..graph import Graph, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, shape_of
 from .operands import int8_output, no_activation, quantized_var
 from .records import KernelCall, OpFamily, Options
 

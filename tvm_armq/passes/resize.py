@@ -5,9 +5,9 @@ positions and with its 10-bit interpolation of the raw 8-bit values
 
 from __future__ import annotations
 
-from ..graph import Graph, NotInteger, dtype_of, shape_of
 from ..intrinsics import names
 from ..report import Lowered
+from .graph import Graph, NotInteger, dtype_of, shape_of
 from .operands import int8_output, no_activation, quantized_var
 from .records import KernelCall, OpFamily, Options
 

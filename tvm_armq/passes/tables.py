@@ -14,10 +14,10 @@ import dataclasses
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, dtype_of, qparams, shape_of
+from ..frontend.layers import ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, activation_range
 from ..intrinsics import names
 from ..report import Lowered
-from ..tflite_layers import ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1, activation_range
+from .graph import Graph, NotInteger, dtype_of, qparams, shape_of
 from .operands import COMMON_SCALE_OPS, float_const
 from .records import KernelCall, OpFamily, Options
 

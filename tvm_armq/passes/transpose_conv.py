@@ -1,7 +1,7 @@
 """The TRANSPOSE_CONV family: a GEMM convolution of the level per output phase (the taps
 that land on that phase of the output, a stride-1 convolution), then the pixel shuffle that
 puts their pixels in place (``schedules.transpose_conv``). The frontend's form of the layer
-(``frontend._convert_transpose_conv``): dequantize -> NCHW conv2d_transpose between two
+(``frontend.converters._convert_transpose_conv``): dequantize -> NCHW conv2d_transpose between two
 permute_dims -> (+ bias) -> quantize, the activation a clip after the quantize.
 """
 
@@ -12,16 +12,16 @@ import types
 
 import numpy as np
 
-from ..graph import Graph, NotInteger, clip_range, dequantized_const, dtype_of, qparams, shape_of
 from ..intrinsics import names
 from ..report import Lowered
 from .gemm import Layer, gemm_kernel, int_bias, layer_requant
+from .graph import Graph, NotInteger, clip_range, dequantized_const, dtype_of, qparams, shape_of
 from .records import KernelCall, OpFamily, Options
 
 
 def transpose_conv_of(graph: Graph, y):
     """(conv2d_transpose call, bias expression or None) if ``y`` is the frontend's
-    quantized TRANSPOSE_CONV (``frontend._convert_transpose_conv``): the NCHW
+    quantized TRANSPOSE_CONV (``frontend.converters._convert_transpose_conv``): the NCHW
     conv2d_transpose between two permute_dims, plus the bias; else None."""
     def nhwc_conv(e):
         perm = graph.call(e, "relax.permute_dims")

@@ -236,7 +236,7 @@ def internal(func):
     through its packed entry."""
     from tvm import tirx
 
-    from .schedules.tir_util import open_with
+    from ..schedules.tir_util import open_with
 
     params, decls = [], []
     for buf in func.params:
@@ -297,7 +297,7 @@ def keep_internal():
 
 def install() -> None:
     """Put ``on_cpu`` at the end of TVM's TIR lowering pipelines (idempotent)."""
-    from .intrinsics.indirect import wrap_tir_pipelines
+    from ..intrinsics.indirect import wrap_tir_pipelines
 
     wrap_tir_pipelines(_WRAPPED, after=[on_cpu])
 

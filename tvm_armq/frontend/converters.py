@@ -75,7 +75,7 @@ import re
 
 import numpy as np
 
-from .schedules.window import transpose_conv_padding
+from ..schedules.window import transpose_conv_padding
 
 # Quantized ops whose frontend conversion moves int8 bytes only (see the docstring).
 EXACT_DATA_MOVEMENT_OPS = frozenset({

@@ -17,8 +17,8 @@ import dataclasses
 
 import numpy as np
 
-from .tflite_layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
-                            activation_range)
+from ..frontend.layers import (ACT_NONE, ACT_RELU, ACT_RELU6, ACT_RELU_N1_TO_1,
+                               activation_range)
 
 
 class NotInteger(Exception):

@@ -50,7 +50,7 @@ Single-op models (one TFLite operator each, full-integer int8, batch 1):
                     right operand's one head broadcast to both
   gelu, gelu_tanh   GELU (erf form; tanh form) on 1x16x16x8 calibrated on [-4, 4]
   fully_connected_3d  FULLY_CONNECTED on a 1x16x32 sequence (keep_num_dims) -> 1x16x24
-  (``zoo_transformers`` builds these and the attention-era nets below)
+  (``zoo.transformers`` builds these and the attention-era nets below)
 
 Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
 
@@ -191,11 +191,11 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from . import zoo_transformers as _tx
-from .zoo_keras import fit_batchnorm_stats as _fit_batchnorm_stats
-from .zoo_keras import named_inputs as _inputs
-from .zoo_keras import randomize_weights as _randomize_weights
-from .zoo_keras import single_layer, tensorflow
+from . import transformers as _tx
+from .keras import fit_batchnorm_stats as _fit_batchnorm_stats
+from .keras import named_inputs as _inputs
+from .keras import randomize_weights as _randomize_weights
+from .keras import single_layer, tensorflow
 
 __all__ = [
     "ZOO_VERSION",
@@ -840,7 +840,7 @@ _SPECS: tuple[ModelSpec, ...] = (
               "average and max pools, CONCATENATION", calib_samples=16),
 )
 
-# The attention-era models (``zoo_transformers``): single ops, then nets.
+# The attention-era models (``zoo.transformers``): single ops, then nets.
 _SEQUENCE_RANGE = ((-2.0, 2.0),)
 _SPECS += (
     # The converter orders these two inputs input_b, input (the right operand first);

@@ -7,7 +7,7 @@ how many cycles a straight run of instructions takes on a core's scheduling mode
 1. ``profile`` runs a library on the level's emulated CPU (``qemu-aarch64 -cpu ...``, the
    same CPU the device uses, so an instruction the level lacks still dies with SIGILL)
    with the ``blockcount`` plugin (``blockcount.c``, built by ``device.provision``). The guest
-   (``_guest_cycles.py``) marks regions: the measured runs, and optionally each VM call.
+   (``guest_cycles.py``) marks regions: the measured runs, and optionally each VM call.
    The plugin counts how often every translated block ran in each region and writes the
    blocks' instruction bytes.
 2. ``Pricer`` decodes those bytes with llvm-mc (so ``sdot``, ``smmla``, ``bfmmla`` are
@@ -46,8 +46,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from . import device, zoo
-from .targets import LEVELS, UnknownIsaError
+from .. import device, zoo
+from ..targets import LEVELS, UnknownIsaError
 
 # The core whose model prices a level's code by default: the core the level is named for.
 DEFAULT_CORE = {"neon": "cortex-a72", "dotprod": "neoverse-n1", "i8mm": "neoverse-n2"}
@@ -70,13 +70,13 @@ MC_ATTR = "+v8.6a,+dotprod,+i8mm,+bf16,+fullfp16"
 # (version 4) prices with, so that ``estimate`` and ``tune --measure cycles`` price what
 # armperf measures the way it does. Prices are cached per llvm-mca build (``Pricer``).
 LLVM_VERSION = 22
-REGION_TAG = 0x41524D51 << 32  # also in blockcount.c and _guest_cycles.py
+REGION_TAG = 0x41524D51 << 32  # also in blockcount.c and guest_cycles.py
 MEASURED = 1  # the region of the measured runs; 2 + i: the i-th function with layers=True
 # Instructions after which qemu's block ends because the flow goes elsewhere: a block
 # ending in anything else ran on into the code that follows it.
 _ENDS_FLOW = re.compile(r"^(b|bl|br|blr|ret|b\.\w+|bc\.\w+|cbn?z|tbn?z|svc|hvc|smc|brk|hlt|"
                         r"udf|eret\w*|reta\w*|bra\w*|blra\w*)$")
-GUEST_SCRIPT = Path(__file__).with_name("_guest_cycles.py")
+GUEST_SCRIPT = Path(__file__).with_name("guest_cycles.py")
 
 
 @functools.cache

@@ -30,7 +30,7 @@ import functools
 
 import numpy as np
 
-from . import zoo_keras
+from . import keras as zoo_keras
 
 # ViT: 32x32 RGB in 4x4 patches -> 64 tokens and a class token, width 64, 4 heads
 VIT_SHAPE = (1, 32, 32, 3)
@@ -76,7 +76,7 @@ GELU_SHAPE = (1, 16, 16, 8)
 @functools.lru_cache(maxsize=None)
 def _layers():
     """Keras layers of ours (defined on first use: TensorFlow is imported lazily). Their
-    weights are named for ``zoo_keras.randomize_weights``: ``class_token``,
+    weights are named for ``zoo.keras.randomize_weights``: ``class_token``,
     ``position_embedding``, ``layer_scale``."""
     keras = zoo_keras.tensorflow().keras
 
@@ -139,7 +139,7 @@ def _post_norm_block(L, x, width, heads, hidden, name):
 
 
 def _finish(model, rng):
-    """Seeded weights (``zoo_keras.randomize_weights``), then the attention projections again
+    """Seeded weights (``zoo.keras.randomize_weights``), then the attention projections again
     with the fan-in they have: Q, K and V kernels are [width, heads, head width], each
     output a sum over ``width`` inputs (the zoo's rule would count width * heads); the
     output projection's [heads, head width, width] sums over both leading axes."""

@@ -1,4 +1,4 @@
-"""Keras helpers shared by the zoo's model builders (``zoo``, ``zoo_transformers``):
+"""Keras helpers shared by the zoo's model builders (``zoo``, ``zoo.transformers``):
 TensorFlow imported on first use, named model inputs, seeded weights, batch-norm
 statistics fitted to a batch, and a model of one layer. See ``zoo``'s docstring for why
 weights are drawn this way (determinism, live activations)."""
@@ -77,7 +77,7 @@ def randomize_weights(model, rng: np.random.RandomState) -> None:
             elif role == "moving_variance":
                 value = np.ones(shape)
             elif role in ("class_token", "position_embedding"):
-                # the attention models' learned tokens (zoo_transformers)
+                # the attention models' learned tokens (zoo.transformers)
                 value = rng.normal(0.0, 0.5, shape)
             elif role == "layer_scale":
                 value = rng.uniform(0.5, 1.5, shape)

@@ -1,4 +1,4 @@
-"""Runs on the emulated device, under the blockcount plugin (tvm_armq/cycles.py).
+"""Runs on the emulated device, under the blockcount plugin (tvm_armq/device/cycles.py).
 
 Only the standard library, numpy and the TVM runtime are importable here. It loads a
 library, gives it seeded random inputs, runs it once to warm up (code translated, memory
@@ -19,7 +19,7 @@ item i's ``runs`` calls are region 1 + i.
 and writes the guest's memory map to ``maps_out`` (qemu shows the guest's own there), so
 that the host can tell code of the library and runtime from the Python interpreter's.
 
-    python _guest_cycles.py SPEC.json
+    python guest_cycles.py SPEC.json
 """
 
 import json

@@ -1,8 +1,8 @@
 /*
  * blockcount: a qemu-user TCG plugin that counts, per region of the guest's run, how often
  * each translated block executes, and writes every counted block's instruction bytes.
- * tvm_armq/cycles.py builds it at device provisioning, runs guests with it, and prices the
- * blocks with llvm-mca.
+ * tvm_armq/device/cycles.py builds it at device provisioning, runs guests with it, and prices
+ * the blocks with llvm-mca.
  *
  * Regions. The guest names the region it is in by a system call that fails:
  * lseek(fd, REGION_TAG | r, SEEK_SET), where r < 2^32 is the region (0: not measured), on

@@ -44,7 +44,7 @@ import zipfile
 from importlib import metadata
 from pathlib import Path
 
-from .targets import LEVELS, level as _level
+from ..targets import LEVELS, level as _level
 
 TVM_VERSION = "0.27.0.post1"
 DEBIAN_PACKAGES = {  # command that must exist -> Debian package that provides it
@@ -490,7 +490,7 @@ def _probe_library(folder: Path) -> Path:
     import tvm
     from tvm.script import tirx as T
 
-    from . import export
+    from .. import export
 
     funcs = {}
     for lvl, _, intrin in PROBES:
@@ -584,7 +584,7 @@ def _free_port(host: str, start: int) -> int:
     raise DeviceError(f"no free port in {start}..{start + 99} on {host}")
 
 
-SERVER_SCRIPT = "_guest_rpc_server.py"  # what a device's command line runs (checked by stop)
+SERVER_SCRIPT = "guest_rpc_server.py"  # what a device's command line runs (checked by stop)
 # psutil's process start times are derived from clock ticks since boot; two readings of
 # the same process agree far closer than this, another process started later does not.
 START_TIME_SLACK = 0.05
@@ -692,7 +692,7 @@ def start(level_name: str, *, host: str = "127.0.0.1", port: int | None = None,
                           "`python -m tvm_armq device provision` (as root)")
     port = _free_port(host, port or DEFAULT_PORTS[lvl.name])
     log = _run_dir() / f"{lvl.name}-{port}.log"
-    server = Path(__file__).with_name("_guest_rpc_server.py")
+    server = Path(__file__).with_name("guest_rpc_server.py")
     args = [str(server), "--host", host, "--port", str(port), "--port-end", str(port + 1)]
     if tracker:
         key = key or f"armq-{lvl.name}"

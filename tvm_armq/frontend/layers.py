@@ -13,8 +13,8 @@ import dataclasses
 
 import numpy as np
 
-from .schedules.window import same_padding
-from .tflite_model import TFLiteModel
+from ..schedules.window import same_padding
+from .model import TFLiteModel
 
 # tflite.ActivationFunctionType and tflite.Padding values
 ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6 = 0, 1, 2, 3

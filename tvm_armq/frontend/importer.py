@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-from .tflite_model import TFLiteModel
+from .model import TFLiteModel
 
 
 class UnsupportedModel(ValueError):

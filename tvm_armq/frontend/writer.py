@@ -1,6 +1,6 @@
 """Write .tflite files directly, for what TensorFlow's converter cannot make.
 
-The zoo (``zoo.py``) builds its models with TensorFlow's converter, which today emits
+The zoo (``tvm_armq.zoo``) builds its models with TensorFlow's converter, which today emits
 int8 only. Legacy uint8 models (asymmetric weights), exact quantization parameters chosen
 by a test, and the fuzzer's random layers (``scripts/fuzz.py``) need the flatbuffer
 written by hand: ``graph_model`` writes any list of operators over a list of tensors with
