@@ -32,7 +32,7 @@ the last one (computed, never stored). The zero points, with sums over the real 
 
 ``A_sum`` / ``B_sum`` (only where the other operand's zero point is not 0) add the packed
 blocks in order, one vector per K block. The ``gemm`` stage is computed one macro tile
-(the conv2d GEMM's knobs, ``gemm_plan``) at a time where the ``output`` stage consumes
+(``REGISTER_TILE``: the kernel's micro-tiles that fill the register file) at a time where the ``output`` stage consumes
 it: the int32 tile stays in registers, gets the zero-point terms and TFLite's
 double-rounded requantization (``qmuls.requantize_narrow``, the int8 output step) and is
 stored as int8; only the tile's rows and columns inside M x N are stored. Macro-tile
@@ -206,7 +206,8 @@ class PackedLayout:
     """The blocks of ``shape``'s GEMM on ``kernel``: mb x nb micro-tiles of mr x nr
     outputs over kb blocks of kr (each ceil: rows and columns past M and N repeat the last
     one and are never stored, K past ``depth`` is zero), computed m_tiles x n_tiles
-    micro-tiles (one macro tile) at a time; nb is rounded up to a multiple of n_tiles."""
+    micro-tiles (one macro tile) at a time; mb and nb are rounded up to multiples of
+    m_tiles and n_tiles."""
 
     shape: BatchMatmulShape
     kernel: Kernel
@@ -215,7 +216,9 @@ class PackedLayout:
 
     @property
     def mb(self) -> int:
-        return -(-self.shape.rows // self.kernel.mr)
+        """ceil(M / mr) rounded up to whole macro-tile rows."""
+        blocks = -(-self.shape.rows // self.kernel.mr)
+        return -(-blocks // self.m_tiles) * self.m_tiles
 
     @property
     def nb(self) -> int:
@@ -234,29 +237,41 @@ class PackedLayout:
         return self.nb * self.kernel.nr != self.shape.cols
 
 
+# The macro tile of each kind of micro-kernel (``Kernel.usage``), m_tiles x n_tiles
+# micro-tiles: the register tile whose K loop runs closest to the MAC instruction's rate
+# and whose epilogue keeps up. Measured with armperf 4 (est. cycles, one thread; ViT-Tiny's
+# 3 heads of 197 x 64 x 197 and 197 x 197 x 64, the zoo ViT's 4 heads of 65 x 16 x 65),
+# against the conv2d GEMM's plan (``gemm_plan``) cut to divisors of the block counts:
+#   widening (neon, 4 x 4):    2 x 1. ViT-Tiny Q.K^T 1.50e6 -> 1.38e6, P.V 1.23e6 ->
+#                              1.20e6; ViT Q.K^T 1.10e5 -> 9.80e4 (2 x 2: 1.45e6, 9.86e4)
+#   by_element (dotprod, 4x4): 2 x 2, sixteen int32x4 accumulators. ViT-Tiny Q.K^T
+#                              5.65e5 -> 4.62e5, P.V 4.72e5 -> 4.36e5; ViT Q.K^T 5.19e4
+#                              -> 4.86e4 (2 x 3: 5.40e5; 3 x 2: 4.93e5)
+#   matrix (i8mm, 2 x 2):      4 x 4, sixteen accumulators. ViT-Tiny Q.K^T 3.12e5 ->
+#                              3.09e5, P.V 2.78e5 -> 2.63e5 (4 x 2: 3.84e5; 6 x 4: 3.11e5)
+REGISTER_TILE = {"widening": (2, 1), "by_element": (2, 2), "matrix": (4, 4)}
+
+
 def packed_layout(shape: BatchMatmulShape, kernel: Kernel) -> PackedLayout:
-    """The layout the scheduled func uses: the macro tile of the conv2d / dense GEMM's
-    plan (``_knobs``), each count cut to its largest divisor of mb and nb (a ragged split
-    would put a predicate on the micro-kernel's block). A tile row must also be whole
-    int32x4 registers, the only vectors ``requantize_narrow`` runs on NEON's narrowing
-    instructions (others fall back to 64-bit lanes): where the divisor's row is not (nr = 2
-    at i8mm, N = 65: 33 column blocks, divisor 3, six lanes), n_tiles is the plan's cut
-    down to whole registers and nb is padded to it (the padded columns are cropped;
-    ViT's Q.K^T at i8mm 5.80e4 -> 3.88e4 est. cycles with two micro-tiles, 4.29e4 with
-    four)."""
+    """The layout the scheduled func uses: ``REGISTER_TILE``'s macro tile for the kernel,
+    no larger than the product (a macro tile of several micro-tiles on a product of one
+    would compute padding). M and N are padded to whole macro tiles: the rows past M are
+    not stored (a predicate per row of the tile), the columns past N are cropped
+    (``PackedLayout.crops``). A tile row must also be whole int32x4 registers, the only
+    vectors ``requantize_narrow`` runs on NEON's narrowing instructions (others fall back
+    to 64-bit lanes): where it is not (nr = 2 at i8mm with one micro-tile), n_tiles is
+    rounded up to whole registers."""
     import math
 
     from tvm_armq.intrinsics.qmuls import NEON_INT32_LANES
 
-    from .tir_util import largest_divisor
-
-    knobs = _knobs(shape, kernel)
     base = PackedLayout(shape, kernel)
-    n_tiles = largest_divisor(base.nb, knobs.n_tiles)
+    m_tiles, n_tiles = REGISTER_TILE[kernel.usage]
+    m_tiles, n_tiles = min(m_tiles, base.mb), min(n_tiles, base.nb)
     if n_tiles * kernel.nr % NEON_INT32_LANES:
         per_register = NEON_INT32_LANES // math.gcd(NEON_INT32_LANES, kernel.nr)
-        n_tiles = max(per_register, knobs.n_tiles // per_register * per_register)
-    return PackedLayout(shape, kernel, largest_divisor(base.mb, knobs.m_tiles), n_tiles)
+        n_tiles = -(-n_tiles // per_register) * per_register
+    return PackedLayout(shape, kernel, m_tiles, n_tiles)
 
 
 def _pack_te(t, operand_shape, adjoint: bool, rows: int, depth: int, xr: int, kr: int,
@@ -459,15 +474,15 @@ def _schedule_definition(func):
     return sch.mod["main"]
 
 
-def _knobs(shape: BatchMatmulShape, kernel: Kernel):
-    """The conv2d / dense GEMM's macro tile for one batch's M x K x N (``gemm_plan``,
-    A and B packed)."""
+def _k_unroll(shape: BatchMatmulShape, kernel: Kernel) -> int:
+    """K blocks per step of the K loop: the conv2d / dense GEMM's plan for one batch's
+    M x K x N (``gemm_plan``, A and B packed)."""
     from .gemm_layout import Conv2DShape
     from .gemm_plan import plan
 
     lay = PackedLayout(shape, kernel)
     dense = Conv2DShape.dense(lay.mb * kernel.mr, shape.depth, shape.cols)
-    return plan(dense, kernel, direct=False, by_pixel=False).main.knobs
+    return plan(dense, kernel, direct=False, by_pixel=False).main.knobs.k_unroll
 
 
 # Most rows a packed block (xr rows of kr bytes) is gathered from where K is contiguous:
@@ -544,7 +559,6 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
     from .tir_util import largest_divisor, loops_below
 
     sch = s_tir.Schedule(func)
-    knobs = _knobs(shape, kernel)
     lay = packed_layout(shape, kernel)
     mr, nr = kernel.mr, kernel.nr
     m_tiles, n_tiles, crops = lay.m_tiles, lay.n_tiles, lay.crops
@@ -572,7 +586,7 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
         sch.reorder(*tiles, g["kb"], *block)
         k_outer, unrolled, tensorized = g["kb"], tiles, g["kb"]
     elif "kb" in g:
-        kb_o, kb_i = sch.split(g["kb"], [None, largest_divisor(lay.kb, knobs.k_unroll)])
+        kb_o, kb_i = sch.split(g["kb"], [None, largest_divisor(lay.kb, _k_unroll(shape, kernel))])
         sch.reorder(kb_o, kb_i, *tiles, *block)
         k_outer, unrolled, tensorized = kb_o, [kb_i, *tiles], block[0]
     else:  # one K block: the tile's blocks, each initialised in place
