@@ -213,6 +213,25 @@ def test_ragged_columns_are_cropped_from_whole_tiles(level):
         assert (f'T.sblock("{bm.OUTPUT_TILES}")' in text) == crops, (level, shape)
 
 
+
+def test_every_level_computes_its_kernels_register_tile():
+    """``REGISTER_TILE``: each row is some level's (every row reachable), and a product
+    of several macro tiles each way computes exactly that tile, with M and N padded to
+    whole macro tiles (ViT-Tiny's Q.K^T: 197 rows and columns)."""
+    shape = bm.BatchMatmulShape((1, 3, 197, 64), (1, 3, 64, 197))
+    usages = set()
+    for level in LEVELS:
+        lay = bm.packed_layout(shape, bm.kernel_for(shape, targets.resolve(level)))
+        usages.add(lay.kernel.usage)
+        assert (lay.m_tiles, lay.n_tiles) == bm.REGISTER_TILE[lay.kernel.usage], level
+        assert lay.mb % lay.m_tiles == 0 and lay.nb % lay.n_tiles == 0, (level, lay)
+        assert (lay.mb - lay.m_tiles) * lay.kernel.mr < shape.rows <= lay.mb * lay.kernel.mr
+    assert usages == set(bm.REGISTER_TILE)
+    # a product of one micro-tile row computes one, not a padded macro tile
+    one_row = bm.BatchMatmulShape((1, 2, 1, 20), (1, 2, 20, 33))
+    lay = bm.packed_layout(one_row, bm.kernel_for(one_row, targets.resolve("dotprod")))
+    assert lay.m_tiles == lay.mb == 1
+
 @pytest.mark.parametrize("zps", [(3, -5), (0, 4), (9, 0), (0, 0)])
 def test_the_tile_starts_at_the_zero_point_terms(zps):
     """The scheduled GEMM's accumulator starts at the zero-point terms (the sums of the
