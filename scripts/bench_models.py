@@ -18,6 +18,18 @@ path: the busiest thread's work.
                                    [--threads N] [--no-stock] [--json out.json]
                                    [--png out.png] [--armperf PATH/armperf.py]
 
+The figures the docs show are the checked-in data in ``scripts/results/`` (see
+``scripts/results_data.py``). ``--merge`` puts ``--json`` files of earlier runs there,
+measuring nothing: one-thread rows into models.json, the others into models_threads.json,
+each row replacing the row of its (model, isa, threads), in the zoo's order. Then the
+ceilings and the docs:
+
+    python scripts/bench_models.py --models vit --no-stock --json /tmp/bench/vit.json
+    python scripts/bench_models.py --merge /tmp/bench/*.json
+    python scripts/mac_ceiling.py --bench scripts/results/models.json \\
+                                  --json scripts/results/ceilings.json
+    python scripts/render_results.py
+
 The figures are core-bound estimates (every load an L1 hit), for comparing two
 builds of the same model on the same core model; they are not milliseconds.
 """
@@ -32,6 +44,7 @@ import tempfile
 from pathlib import Path
 
 import armperf_tool
+import results_data
 from tvm_armq import build, export, hooks, targets, zoo
 from tvm_armq.frontend import importer
 from tvm_armq.targets import LEVELS
@@ -84,7 +97,13 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write all figures here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--no-stock", action="store_true", help="tvm_armq against TFLite only")
+    ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
+                    help="merge these --json files into scripts/results/ and measure nothing")
     a = ap.parse_args()
+    if a.merge:
+        for name, count in results_data.merge_files(a.merge).items():
+            print(f"merged {count} rows into {results_data.RESULTS / name}")
+        return 0
     armperf_tool.require(ap, a.armperf)
 
     # the library asks for the pool it is measured on (``compile_tflite(threads=N)``), as

@@ -1,13 +1,13 @@
 """How far ahead of TFLite a model can get at all: its multiply-accumulates at the core's peak rate.
 
-Every product of a direct convolution or dense layer goes through an int8 multiply
-instruction, and the core model issues those at a fixed rate: ``peak`` MACs per cycle
+Every product of a direct convolution, dense layer or batch matmul goes through an int8
+multiply instruction, and the core model issues those at a fixed rate: ``peak`` MACs per cycle
 (``inner_loop_peak.peak``: the level's widest MAC instruction, independent instances back
 to back, priced by llvm-mca on armperf's core model). So no kernel runs a model in fewer
 than
 
-    bound = MACs of its CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED / TRANSPOSE_CONV ops
-            / peak
+    bound = MACs of its CONV_2D / DEPTHWISE_CONV_2D / FULLY_CONNECTED / TRANSPOSE_CONV /
+            BATCH_MATMUL ops / peak
 
 estimated cycles, whatever it does around them (every other op counts as free). Hence the
 largest tflite / tvm_armq any implementation can reach on that model and level:
@@ -21,10 +21,20 @@ products for operands wider than int8, which halves the products per instruction
 quarters them at dotprod.
 
     python scripts/mac_ceiling.py --bench RESULTS.json [--models ...] [--isa ...]
+                                  [--json OUT.json]
 
 ``--bench`` is a ``bench_models.py --json`` file of one-thread rows (its ``tflite`` and
 ``tvm_armq`` figures are used as they are); a (model, level) it does not hold has its TFLite
-figure measured here with ``armperf.py tflite`` (one run) and no tvm_armq column.
+figure measured here with ``armperf.py tflite`` (one run) and no tvm_armq column. ``--json``
+writes one row per model and level: ``macs`` (and ``macs_by_op``), ``peak`` (MACs per
+cycle), ``bound`` (cycles), the ``tflite`` figure and its ``armperf`` version, ``ceiling``
+and, where tvm_armq was measured, ``tvm_armq``, ``tvm_over_bound`` and
+``tflite_over_tvm_armq``. The docs' ceilings table is rendered from the checked-in one
+(counting MACs needs no armperf; the peaks need llvm-mca):
+
+    python scripts/mac_ceiling.py --bench scripts/results/models.json \\
+                                  --json scripts/results/ceilings.json
+    python scripts/render_results.py
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ import numpy as np  # noqa: E402
 
 import armperf_tool  # noqa: E402
 import bench_models  # noqa: E402
+import results_data  # noqa: E402
 from tvm_armq import zoo  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
 from tvm_armq.schedules.window import same_padding  # noqa: E402
@@ -96,7 +107,24 @@ def op_macs(op: dict, fb_op, shape) -> int:
         _, kh, kw, ci = (int(s) for s in shape(ins[1]))
         _, in_h, in_w, _ = (int(s) for s in shape(ins[2]))
         return out[0] * out[3] * ci * scatter_macs(fb_op, (in_h, in_w), out[1:3], (kh, kw))
+    if name == "BATCH_MATMUL":
+        return int(np.prod(out)) * batch_matmul_depth(fb_op, shape(ins[0]), shape(ins[1]))
     return 0
+
+
+def batch_matmul_depth(fb_op, x_shape, y_shape) -> int:
+    """The products summed into one output element of a BATCH_MATMUL: x is [..., M, K]
+    ([..., K, M] with adj_x), y is [..., K, N] ([..., N, K] with adj_y)."""
+    import tflite
+
+    opts = tflite.BatchMatMulOptions()
+    opts.Init(fb_op.BuiltinOptions().Bytes, fb_op.BuiltinOptions().Pos)
+    depth = int(x_shape[-2] if opts.AdjX() else x_shape[-1])
+    y_depth = int(y_shape[-1] if opts.AdjY() else y_shape[-2])
+    if depth != y_depth:
+        raise ValueError(f"BATCH_MATMUL of {list(x_shape)} and {list(y_shape)} (adj_x "
+                         f"{opts.AdjX()}, adj_y {opts.AdjY()}): depths {depth} != {y_depth}")
+    return depth
 
 
 def scatter_macs(fb_op, in_hw, out_hw, k_hw) -> int:
@@ -141,7 +169,9 @@ def model_macs(model: TFLiteModel) -> int:
     return sum(macs_by_op(model).values())
 
 
-def tflite_cycles(armperf: Path, model: TFLiteModel, level: str) -> float:
+def tflite_cycles(armperf: Path, model: TFLiteModel, level: str) -> tuple[float, int]:
+    """armperf's estimated cycles of one TFLite run of ``model`` at ``level``, and armperf's
+    version."""
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         res = subprocess.run([sys.executable, str(armperf), "tflite", str(model.path),
                               "--isa", level, "--runs", "1", "--json", out.name],
@@ -149,7 +179,8 @@ def tflite_cycles(armperf: Path, model: TFLiteModel, level: str) -> float:
         if res.returncode != 0:
             raise RuntimeError(f"armperf failed on {model.path} at {level}:\n"
                                f"{res.stderr[-2000:]}")
-        return float(json.load(open(out.name))["cycles_per_run"])
+        r = json.loads(Path(out.name).read_text())
+        return float(r["cycles_per_run"]), r["armperf"]
 
 
 def main() -> int:
@@ -159,7 +190,8 @@ def main() -> int:
                     help="zoo nets (default: those of --bench, else bench_models' defaults)")
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     ap.add_argument("--bench", type=Path, help="bench_models.py --json rows (one thread)")
-    ap.add_argument("--json", type=Path, help="write the table here")
+    ap.add_argument("--json", type=Path,
+                    help="write the rows here (the docs: scripts/results/ceilings.json)")
     armperf_tool.add_option(ap)
     a = ap.parse_args()
     import inner_loop_peak  # llvm-mca, as armperf installs it
@@ -167,9 +199,10 @@ def main() -> int:
     measured = {}
     if a.bench:
         for r in json.loads(a.bench.read_text()):
-            if r.get("threads", 1) == 1:
+            if r.get("threads", results_data.ONE_THREAD) == results_data.ONE_THREAD:
                 measured[r["model"], r["isa"]] = r
-    names = a.models or list(dict.fromkeys(m for m, _ in measured)) or bench_models.DEFAULT_MODELS
+    names = (a.models or list(dict.fromkeys(m for m, _ in measured))
+             or bench_models.DEFAULT_MODELS)
     peaks = {level: inner_loop_peak.peak(level) for level in a.isa}
     print(f"{'model':18s} {'isa':8s} {'MACs':>10s} {'bound cyc':>10s} {'tflite cyc':>11s} "
           f"{'ceiling':>8s} {'tvm_armq cyc':>13s} {'tvm/bound':>10s} {'tflite/tvm':>11s}",
@@ -177,19 +210,26 @@ def main() -> int:
     rows = []
     for name in names:
         model = TFLiteModel.load(zoo.build(name))
-        macs = model_macs(model)
+        per_op = macs_by_op(model)
+        macs = sum(per_op.values())
         for level in a.isa:
             bound = macs / peaks[level]
             r = measured.get((name, level))
             if r is None:
                 armperf_tool.require(ap, a.armperf)
-                r = {"tflite": tflite_cycles(a.armperf, model, level)}
-            row = {"model": name, "isa": level, "macs": macs, "peak": peaks[level],
-                   "bound": bound, "tflite": r["tflite"], "ceiling": r["tflite"] / bound}
+                cycles, version = tflite_cycles(a.armperf, model, level)
+                r = {"tflite": cycles, "armperf": version}
+            row = {"model": name, "isa": level, "threads": results_data.ONE_THREAD,
+                   "armperf": r.get("armperf"),
+                   "macs": macs, "macs_by_op": per_op, "peak": peaks[level], "bound": bound,
+                   "tflite": r["tflite"], "ceiling": r["tflite"] / bound}
             line = (f"{name:18s} {level:8s} {macs:10.4g} {bound:10.4g} {r['tflite']:11.4g} "
                     f"{row['ceiling']:8.3f}")
             if "tvm_armq" in r:
                 row["tvm_armq"] = r["tvm_armq"]
+                row["tvm_over_bound"] = r["tvm_armq"] / bound
+                row["tflite_over_tvm_armq"] = r.get("tflite_over_tvm_armq",
+                                                    r["tflite"] / r["tvm_armq"])
                 line += (f" {r['tvm_armq']:13.4g} {r['tvm_armq'] / bound:10.3f} "
                          f"{r['tflite'] / r['tvm_armq']:11.3f}")
             if row["ceiling"] < TARGET:
@@ -198,7 +238,8 @@ def main() -> int:
             print(line, flush=True)
     print("peak MACs/cycle: " + ", ".join(f"{lv} {p:.1f}" for lv, p in peaks.items()))
     if a.json:
-        a.json.write_text(json.dumps(rows, indent=1))
+        results_data.write(a.json, results_data.sort_rows(rows))
+        print(f"wrote {a.json}")
     return 0
 
 

@@ -129,3 +129,34 @@ def test_a_net_counts_every_layer():
     architecture at 128 x 128 (14 M multiply-accumulates), a few taps of padding fewer."""
     macs = mac_ceiling.model_macs(TFLiteModel.load(zoo.build("mobilenet_v1_0.25")))
     assert 13.0e6 < macs < 14.0e6
+
+
+@pytest.mark.parametrize("name, expected", [
+    ("batch_matmul", 1 * 2 * 16 * 20 * 24),  # (1, 2, 16, 24) x (1, 2, 24, 20)
+    ("batch_matmul_adj", 1 * 2 * 17 * 20 * 24),  # (1, 2, 17, 24) x (1, 1, 20, 24)^T
+])
+def test_batch_matmul_counts_output_times_depth(name, expected):
+    """A BATCH_MATMUL's products: every output element sums depth of them, the depth read
+    from the side adj_x / adj_y put it on (the right operand's one head broadcast)."""
+    assert mac_ceiling.macs_by_op(TFLiteModel.load(zoo.build(name))) == {"BATCH_MATMUL": expected}
+
+
+# (blocks, heads, sequence, head width) of the zoo's attention nets (tvm_armq/zoo/__init__.py):
+# ViT's 64 patches and class token, width 64 in 4 heads; BERT's 32 tokens, width 64 in 4 heads
+ATTENTION = {"vit": (2, 4, 65, 16), "bert_encoder": (2, 4, 32, 16)}
+
+
+@pytest.mark.parametrize("name", sorted(ATTENTION))
+def test_attention_nets_count_their_batch_matmuls(name):
+    """The attention nets' Q.K^T and P.V are part of their count: per block and head,
+    sequence x sequence scores of head-width products each, and sequence x head-width
+    outputs of sequence products each."""
+    blocks, heads, seq, width = ATTENTION[name]
+    per_op = mac_ceiling.macs_by_op(TFLiteModel.load(zoo.build(name)))
+    assert per_op["BATCH_MATMUL"] == blocks * heads * 2 * seq * seq * width, per_op
+    assert per_op["FULLY_CONNECTED"] > 0, per_op
+
+
+def test_mobilevit_counts_its_batch_matmuls():
+    per_op = mac_ceiling.macs_by_op(TFLiteModel.load(zoo.build("mobilevit")))
+    assert per_op.get("BATCH_MATMUL", 0) > 0, per_op
