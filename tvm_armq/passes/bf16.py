@@ -1,6 +1,6 @@
 """fp32 to bf16: the Relax pass that runs float conv2d / dense layers on ``bfmmla``.
 
-The opt-in ``precision="bf16"`` of ``compile_tflite``. Read ``integrate.py`` first: this
+The opt-in ``precision="bf16"`` of ``compile_tflite``. Read ``integer.py`` first: this
 is its float counterpart, with the same records and the same way of replacing a chain of
 Relax ops by one ``call_tir`` of a tvm_armq kernel whose weights are compile-time
 constants. TVM 0.27's TFLite frontend imports a float CONV_2D with a fused ReLU6 as
