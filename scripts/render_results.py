@@ -18,6 +18,8 @@ Rendering replaces what is between them and keeps the markers. The tables (marke
                    (ceilings.json, made by scripts/mac_ceiling.py --json)
     threads        tflite / tvm_armq on more threads (models_threads.json; until it
                    exists, a sentence saying there are none)
+    batch_matmul   attention's products alone against their MAC floor (batch_matmul.json,
+                   made by scripts/bench_batch_matmul.py --json)
 
 A file that does not exist or has no markers is left alone; a marker of another name is an
 error, as is a table whose rows come from two armperf versions, or a ceilings.json made
@@ -68,15 +70,16 @@ class Data:
     models: list[dict] | None
     threads: list[dict] | None
     ceilings: list[dict] | None
+    batch_matmul: list[dict] | None = None
 
     @classmethod
     def load(cls, folder: Path = rd.RESULTS) -> Data:
         return cls(folder, rd.load(folder / rd.MODELS), rd.load(folder / rd.THREADS),
-                   rd.load(folder / rd.CEILINGS))
+                   rd.load(folder / rd.CEILINGS), rd.load(folder / rd.BATCH_MATMUL))
 
     def need(self, name: str) -> list[dict]:
         rows = {rd.MODELS: self.models, rd.THREADS: self.threads,
-                rd.CEILINGS: self.ceilings}[name]
+                rd.CEILINGS: self.ceilings, rd.BATCH_MATMUL: self.batch_matmul}[name]
         if rows is None:
             raise ResultsError(f"{shown(self.folder / name)} not found; "
                                "see scripts/results_data.py for how it is made")
@@ -231,8 +234,25 @@ def table_threads(data: Data) -> str:
             "TFLite.")
 
 
+def table_batch_matmul(data: Data) -> str:
+    rows = data.need(rd.BATCH_MATMUL)
+    version = rd.armperf_version(rows, "batch_matmul")
+    levels = rd.levels()
+    per_case: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        per_case.setdefault(r["case"], {})[r["isa"]] = r
+    body = [[case] + [f"{sci(field(per, lv, 'cycles'))} ({ratio(field(per, lv, 'over_floor'))})"
+                      for lv in levels]
+            for case, per in per_case.items()]
+    return (markdown_table(["product", *levels], body) + "\n\n"
+            f"armperf version {version}, one thread: estimated cycles of the kernel alone "
+            "(scripts/bench_batch_matmul.py) and, in brackets, how many times its MAC floor "
+            "(its multiply-accumulates at the level's peak rate) that is.")
+
+
 TABLES = {"models": table_models, "models_cycles": table_models_cycles,
-          "ceilings": table_ceilings, "threads": table_threads}
+          "ceilings": table_ceilings, "threads": table_threads,
+          "batch_matmul": table_batch_matmul}
 
 
 # ------------------------------------------------------------------ markers

@@ -31,6 +31,7 @@ RESULTS = Path(__file__).resolve().parent / "results"
 MODELS = "models.json"
 THREADS = "models_threads.json"
 CEILINGS = "ceilings.json"
+BATCH_MATMUL = "batch_matmul.json"  # scripts/bench_batch_matmul.py --json
 
 ONE_THREAD = 1
 KEY = ("model", "isa", "threads")
@@ -134,7 +135,8 @@ def armperf_version(rows: list[dict], table: str) -> int:
     if len(versions) != 1:
         by_version: dict[int, list[str]] = {}
         for r in rows:
-            by_version.setdefault(r["armperf"], []).append(f"{r['model']} {r['isa']}")
+            name = r.get("model", r.get("case"))
+            by_version.setdefault(r["armperf"], []).append(f"{name} {r['isa']}")
         detail = "; ".join(f"version {v}: {', '.join(sorted(set(ms)))}"
                            for v, ms in sorted(by_version.items()))
         raise MixedVersionsError(f"table {table!r} would mix armperf versions ({detail}); "

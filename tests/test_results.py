@@ -44,6 +44,20 @@ def test_checked_in_data_is_one_armperf_version_per_file():
         if rows is not None:
             rd.armperf_version(rows, name)
             assert rows == rd.sort_rows(rows), f"{name} is not in the zoo's order"
+    rd.armperf_version(rd.load(rd.RESULTS / rd.BATCH_MATMUL) or [{}], rd.BATCH_MATMUL)
+
+
+def test_renders_attentions_products_against_their_floor(tmp_path):
+    rows = [{"case": "vit_qk", "isa": isa, "cycles": cycles, "over_floor": over,
+             "armperf": 4} for isa, cycles, over in
+            (("neon", 93290.0, 2.756), ("dotprod", 47370.0, 5.597), ("i8mm", 37200.0, 8.786))]
+    rd.write(tmp_path / rd.BATCH_MATMUL, rows)
+    table = rr.TABLES["batch_matmul"](rr.Data.load(tmp_path))
+    assert "| vit_qk | 9.329e4 (2.756) | 4.737e4 (5.597) | 3.720e4 (8.786) |" in table
+    rows[0]["armperf"] = 3
+    rd.write(tmp_path / rd.BATCH_MATMUL, rows)
+    with pytest.raises(rd.MixedVersionsError, match="vit_qk neon"):
+        rr.TABLES["batch_matmul"](rr.Data.load(tmp_path))
 
 
 # ------------------------------------------------------------------ made-up data
