@@ -239,7 +239,7 @@ def _bf16_rewriter():
             super().__init__(mod)
             self.target, self.schedule = target, schedule
             self.chains = _Chains(Graph(func))
-            self.var_of = {value: var for var, value in self.chains.graph.defs.items()}
+            self.var_of = self.chains.graph.var_of
             self.report: list = []
 
         def visit_call_(self, call):

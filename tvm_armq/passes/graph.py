@@ -26,7 +26,9 @@ class NotInteger(Exception):
 
 
 class Graph:
-    """The bindings of one Relax function: what each variable was computed from."""
+    """The bindings of one Relax function: what each variable was computed from
+    (``defs``), how often each is read (``uses``), and the variable each bound value
+    is bound to (``var_of``, keyed by the value object)."""
 
     def __init__(self, func):
         from tvm import relax
@@ -50,6 +52,7 @@ class Graph:
                 self.defs[b.var] = b.value
                 count(b.value)
         count(func.body.body)
+        self.var_of = {value: var for var, value in self.defs.items()}
 
     def call(self, expr, *ops):
         """The Call that defines ``expr`` if it is one of ``ops``, else None."""

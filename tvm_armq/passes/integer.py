@@ -95,7 +95,7 @@ def _lowering_rewriter():
             self.opts = opts
             self.graph = Graph(func)
             self.report: list = []
-            self.var_of = {value: var for var, value in self.graph.defs.items()}
+            self.var_of = self.graph.var_of
             # quantize results whose only use is a clip: the clip is the layer's end
             self.fused = set()
             for value in self.graph.defs.values():  # a value may be a variable (an alias)

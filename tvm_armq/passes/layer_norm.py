@@ -214,15 +214,11 @@ def _absorbs(graph: Graph, found) -> list:
     """The chain's inner int8 tensors, when no layer outside the chain reads them."""
     inner = [found[name][0] for name in _INNER]
     if found["beta"] is not None:
-        inner.append(_variable_of(graph, found["beta"][0]))
+        inner.append(graph.var_of.get(found["beta"][0]))
     if any(v is None or graph.uses.get(v, 0) != _READERS.get(name, 1)
            for v, name in zip(inner, [*_INNER, "a_beta"])):
         return []
     return inner
-
-
-def _variable_of(graph: Graph, call):
-    return next((var for var, value in graph.defs.items() if value.same_as(call)), None)
 
 
 FAMILY = OpFamily("layer_norm", ("relax.quantize",), _match, _lower,
