@@ -130,6 +130,10 @@ def _strided_slice(value, begin, end, strides, opts) -> np.ndarray:
     return np.asarray(value)[tuple(index)]
 
 
+# The longest chain of shape arithmetic static_value follows (Keras writes about five ops)
+SHAPE_CHAIN_MAX_DEPTH = 16
+
+
 def static_value(converter, tensor_idx: int, depth: int = 0):
     """The value of an integer tensor the graph computes from shapes alone (Keras' shape
     arithmetic around a Dense applied to a rank-3/4 tensor: SHAPE, GATHER, REDUCE_PROD,
@@ -138,12 +142,8 @@ def static_value(converter, tensor_idx: int, depth: int = 0):
     import tflite
 
     wrapped = converter.get_tensors([tensor_idx])[0]
-    if converter.has_expr(tensor_idx) is False or wrapped.buffer is not None and \
-            wrapped.buffer.DataLength():
-        try:
-            return np.asarray(converter.get_tensor_value(wrapped))
-        except Exception:  # noqa: BLE001 - not a constant after all
-            pass
+    if wrapped.buffer is not None and wrapped.buffer.DataLength():  # a constant
+        return np.asarray(converter.get_tensor_value(wrapped))
     producers = getattr(converter, "_tvm_armq_producers", None)
     if producers is None:
         sub = converter.subgraph
@@ -151,7 +151,7 @@ def static_value(converter, tensor_idx: int, depth: int = 0):
                      for t in sub.Operators(i).OutputsAsNumpy()}
         converter._tvm_armq_producers = producers
     op = producers.get(int(tensor_idx))
-    if op is None or depth > 16:
+    if op is None or depth > SHAPE_CHAIN_MAX_DEPTH:
         return None
     code = converter.get_op_code_str(op)
     ins = [int(t) for t in op.InputsAsNumpy()]
