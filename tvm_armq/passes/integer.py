@@ -103,16 +103,28 @@ def _lowering_rewriter():
                 q = self.graph.call(clip.args[0], "relax.quantize") if clip is not None else None
                 if q is not None and self.graph.uses.get(clip.args[0], 0) == 1:
                     self.fused.add(clip.args[0])
-            # inner layers of a chain one family's kernel runs whole (a LayerNorm)
-            self.absorbed = set()
+            # every layer end's match, made once here: (root, (family, found) or None) by
+            # variable; and the inner layers of a chain one family's kernel runs whole (a
+            # LayerNorm), which the chain's end absorbs
+            self.matches, self.absorbed = {}, set()
             for var, value in self.graph.defs.items():
                 root = self._root(value, var.name) if isinstance(value, relax.Call) else None
-                for family in FAMILIES if root is not None else ():
-                    found = family.match(self.graph, root) if root.kind in family.roots \
-                        else None
+                if root is None:
+                    continue
+                self.matches[var] = root, self._match(root)
+                if self.matches[var][1] is not None:
+                    family, found = self.matches[var][1]
+                    self.absorbed.update(family.absorbs(self.graph, found))
+
+        def _match(self, root: Root):
+            """(family, what it found) of the first family in FAMILIES that takes the
+            layer ending at ``root``, or None."""
+            for family in FAMILIES:
+                if root.kind in family.roots:
+                    found = family.match(self.graph, root)
                     if found is not None:
-                        self.absorbed.update(family.absorbs(self.graph, found))
-                        break
+                        return family, found
+            return None
 
         def _root(self, call, label: str) -> Root | None:
             """Where a layer ends, if ``call`` is such an end: a quantize (not one whose
@@ -138,25 +150,21 @@ def _lowering_rewriter():
             var = self.var_of.get(call)
             if var is not None and var in self.absorbed:  # removed with the float chain
                 return super().visit_call_(call)
-            root = self._root(call, var.name if var is not None else "?")
-            if root is not None:
-                for family in FAMILIES:
-                    if root.kind not in family.roots:
-                        continue
-                    found = family.match(self.graph, root)
-                    if found is None:
-                        continue
-                    lowered = self._try(root.label, family.report_op(root, found),
-                                        lambda: family.lower(self.graph, root, found, self.opts))
-                    break
-                else:
-                    lowered = None
-                    if root.quantize is not None:  # a quantized layer no family takes
-                        op = root.op if root.core is not None else "quantize"
-                        self.report.append(Fallback(op, root.label,
-                                                    "no integer kernel for this op"))
+            if var is not None and var in self.matches:
+                root, match = self.matches[var]
+            else:  # a call bound to no variable
+                root = self._root(call, var.name if var is not None else "?")
+                match = self._match(root) if root is not None else None
+            if match is not None:
+                family, found = match
+                lowered = self._try(root.label, family.report_op(root, found),
+                                    lambda: family.lower(self.graph, root, found, self.opts))
                 if lowered is not None:
                     return lowered
+            elif root is not None and root.quantize is not None:
+                # a quantized layer no family takes
+                op = root.op if root.core is not None else "quantize"
+                self.report.append(Fallback(op, root.label, "no integer kernel for this op"))
             return super().visit_call_(call)
 
         def _try(self, label, op, make):
