@@ -32,11 +32,11 @@ the last one (computed, never stored). The zero points, with sums over the real 
 
 ``A_sum`` / ``B_sum`` (only where the other operand's zero point is not 0) add the packed
 blocks in order, one vector per K block. The ``gemm`` stage is computed one macro tile
-(``REGISTER_TILE``: the kernel's micro-tiles that fill the register file) at a time where the ``output`` stage consumes
-it: the int32 tile stays in registers, gets the zero-point terms and TFLite's
-double-rounded requantization (``qmuls.requantize_narrow``, the int8 output step) and is
-stored as int8; only the tile's rows and columns inside M x N are stored. Macro-tile
-columns of every batch run in parallel.
+(``REGISTER_TILE``: the kernel's micro-tiles that fill the register file) at a time
+where the ``output`` stage consumes it: the int32 tile stays in registers, gets the
+zero-point terms and TFLite's double-rounded requantization (``qmuls.requantize_narrow``,
+the int8 output step) and is stored as int8; only the tile's rows and columns inside
+M x N are stored. Macro-tile columns of every batch run in parallel.
 """
 
 from __future__ import annotations
@@ -586,7 +586,8 @@ def _schedule_packed(func, shape: BatchMatmulShape, kernel: Kernel, target):
         sch.reorder(*tiles, g["kb"], *block)
         k_outer, unrolled, tensorized = g["kb"], tiles, g["kb"]
     elif "kb" in g:
-        kb_o, kb_i = sch.split(g["kb"], [None, largest_divisor(lay.kb, _k_unroll(shape, kernel))])
+        k_unroll = largest_divisor(lay.kb, _k_unroll(shape, kernel))
+        kb_o, kb_i = sch.split(g["kb"], [None, k_unroll])
         sch.reorder(kb_o, kb_i, *tiles, *block)
         k_outer, unrolled, tensorized = kb_o, [kb_i, *tiles], block[0]
     else:  # one K block: the tile's blocks, each initialised in place
