@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import tempfile
 import textwrap
@@ -31,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import numpy as np  # noqa: E402
 
 import armperf_tool  # noqa: E402
+from bench_layers import armperf  # noqa: E402  (one armperf run, its figures)
 from inner_loop_peak import peak  # noqa: E402
 from tvm_armq.targets import LEVELS  # noqa: E402
 
@@ -50,6 +50,8 @@ SEED = 0
 # each operand) over the int8 range, so the outputs use most of it
 OUTPUT_SPREAD = 64.0
 SYMBOL = "bmm"
+RUNS = 2  # measured calls per armperf run
+TOP = 1  # hot blocks armperf keeps (not read here)
 GUEST = textwrap.dedent(f'''\
     import numpy as np, tvm
     def setup(args):
@@ -86,16 +88,6 @@ def build(name: str, level: str, work: Path):
     return shape, bm.kernel_name(shape, target), lib, operands
 
 
-def measure(armperf: Path, guest: Path, lib: Path, operands: Path, level: str) -> dict:
-    with tempfile.NamedTemporaryFile(suffix=".json") as out:
-        cmd = [sys.executable, str(armperf), "script", str(guest), "--isa", level,
-               "--runs", "2", "--json", out.name, "--arg", str(lib), "--arg", str(operands)]
-        res = subprocess.run(cmd, capture_output=True, text=True)
-        if res.returncode:
-            raise RuntimeError(f"armperf failed on {lib.name}:\n{res.stderr[-2000:]}")
-        return json.load(open(out.name))["script"]
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,7 +109,8 @@ def main() -> int:
             rate = peak(level)
             for name in a.cases:
                 shape, kernel, lib, operands = build(name, level, work)
-                r = measure(a.armperf, guest, lib, operands, level)
+                r = armperf(a.armperf, "script", guest, level, RUNS, TOP,
+                            args=(lib, operands))
                 floor = shape.macs / rate
                 row = {"case": name, "isa": level, "kernel": kernel,
                        "cycles": r["cycles_per_run"], "macs": shape.macs,
