@@ -340,9 +340,40 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
     mult = te.placeholder((s.out_c,), "int32", "multiplier")
     shift = te.placeholder((s.out_c,), "int32", "shift")
     row_sum = te.placeholder((m_total, G), "int32", "row_sum") if w_zp else None
-    pad = tirx.const(in_zp, in_dtype)
     lo, hi = act_range
 
+    def out_element(x, m, g, c):
+        """Output element (m, g, c) from its int32 accumulator ``x``."""
+        if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
+            x = x - row_sum[m, g] * w_zp
+        x = x + bias[c]
+        if out_dtype == "int8" and rounding == "double":
+            return requantize_narrow(
+                x, mult[c].asobject(),
+                bounded_shift(shift[c].asobject(), max_shift, min_shift), out_zp, lo, hi)
+        r = requantize(x, mult[c].asobject(), bounded_shift(shift[c].asobject(), max_shift),
+                       out_zp, lo, hi, rounding)
+        return r.astype(out_dtype)
+
+    outputs = gemm_parts_te(plan, data, b_packed, tirx.const(in_zp, in_dtype), out_element)
+    inputs = (data, b_packed, bias, mult, shift) + ((row_sum,) if w_zp else ())
+    return (*inputs, *outputs)
+
+
+def gemm_parts_te(plan: GemmPlan, data, b_packed, pad, out_element):
+    """The GEMM of every part of ``plan`` over the NHWC tensor ``data`` (a placeholder or
+    a stage; ``pad``: the TIR value of a padded pixel) and its output stage; the output
+    tensors, one per part (``conv2d_gemm_te`` has the stages and the outputs' shapes).
+
+    ``out_element(acc, m, g, c)``: the output element of GEMM row m (of the whole layer),
+    group g and output channel c (= g * out_c / groups + n) from its int32 accumulator
+    ``acc``: the requantization of an int8 layer, the float scaling of a hybrid one
+    (``schedules.hybrid``)."""
+    from tvm import te
+
+    _, nr, _ = plan.main.tile
+    s, G = plan.shape, plan.shape.groups
+    n_group = s.gemm_n
     # one bordered copy, read by every part (a row tail's GEMM reads the main one's)
     bordered = bordered_input_te(s, data, pad) if plan.input_copy == BORDERED else None
 
@@ -360,26 +391,13 @@ def conv2d_gemm_te(plan: GemmPlan, *, in_dtype="int8", out_dtype="int8", in_zp: 
 
     def epilogue(acc, rows_mr, first, count, suffix):
         """The output stage of rows [first, first + count), from the blocks ``acc``."""
-        def out_element(m, g, n):
-            c = g * n_group + n
+        def element(m, g, n):
             x = acc[g, m // rows_mr, n // nr, m % rows_mr, n % nr]
-            if row_sum is not None:  # sum_k a * (w - zp_w) = sum_k a * w - zp_w * sum_k a
-                x = x - row_sum[first + m, g] * w_zp
-            x = x + bias[c]
-            if out_dtype == "int8" and rounding == "double":
-                return requantize_narrow(
-                    x, mult[c].asobject(),
-                    bounded_shift(shift[c].asobject(), max_shift, min_shift), out_zp, lo, hi)
-            r = requantize(x, mult[c].asobject(),
-                           bounded_shift(shift[c].asobject(), max_shift), out_zp, lo, hi,
-                           rounding)
-            return r.astype(out_dtype)
+            return out_element(x, first + m, g, g * n_group + n)
 
-        return te.compute((count, G, n_group), out_element, name="output" + suffix)
+        return te.compute((count, G, n_group), element, name="output" + suffix)
 
-    outputs = [epilogue(gemm(p), p.kernel.mr, p.first, p.rows, p.suffix) for p in plan.parts]
-    inputs = (data, b_packed, bias, mult, shift) + ((row_sum,) if w_zp else ())
-    return (*inputs, *outputs)
+    return [epilogue(gemm(p), p.kernel.mr, p.first, p.rows, p.suffix) for p in plan.parts]
 
 
 def conv2d_gemm_func(plan: GemmPlan, **quant):
