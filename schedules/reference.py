@@ -418,3 +418,77 @@ def softmax(x, *, input_multiplier: int, input_left_shift: int, diff_min: int,
                          "where TFLite's reference kernel aborts")
     out = rounding_divide_by_pot(_fx_mul(recip, exps), exponent) + lo
     return _clip_to(np.where(used, out, lo), lo, hi, out_dtype)
+
+
+# --------------------------------------------------------------- hybrid (dynamic range)
+# TFLite's hybrid kernels (float32 activations, int8 weights): each quantization group of
+# the input (a row of a FULLY_CONNECTED's [rows, K] input, a whole image of a CONV_2D) is
+# quantized to int8 at run time, multiplied on integers, and the int32 sums scaled back to
+# float32. Every float operation below is one IEEE float32 (or float64, where TFLite
+# computes in double) operation in TFLite's order, none fused: measured on BUILTIN_REF
+# (tests/test_hybrid.py).
+HYBRID_SYMMETRIC_MAX = 127          # symmetric: q in [-127, 127], zero point 0
+HYBRID_ASYMMETRIC_RANGE = (-128, 127)
+
+
+def hybrid_quantize(x, symmetric: bool):
+    """(q int32 [groups, n], scale float32 [groups], zero point int32 [groups]) of float32
+    ``x`` [groups, n], as TFLite's ``SymmetricQuantizeFloats`` / ``AsymmetricQuantizeFloats``.
+
+    Symmetric: range = max|x|; scale = range / 127 and its inverse 127 / range, in float32;
+    q = round(x * inverse) clamped to +-127 (all zero: scale 1). Asymmetric: rmin = min(0,
+    min x), rmax = max(0, max x) in float32, their difference in float32 (the installed
+    TFLite subtracts before widening: measured), the scale that difference / 255 in double,
+    the zero point the nearer of the two ends' in double, rounded and clamped to the int8
+    range; q = round(zp + x * (1 / scale)) in float32, clamped (all zero: scale 1, zp 0).
+    ``round`` is C's, half away from zero."""
+    x = np.asarray(x, np.float32)
+    groups = x.shape[0]
+    q = np.zeros(x.shape, np.int32)
+    scale = np.ones(groups, np.float32)
+    zp = np.zeros(groups, np.int32)
+    lo, hi = HYBRID_ASYMMETRIC_RANGE
+    for g in range(groups):
+        v = x[g]
+        if symmetric:
+            rng = np.float32(max(abs(v.min()), abs(v.max())))
+            if rng == 0:
+                continue
+            scale[g] = rng / np.float32(HYBRID_SYMMETRIC_MAX)
+            inv = np.float32(HYBRID_SYMMETRIC_MAX) / rng
+            q[g] = np.clip(round_half_away(v * inv), -HYBRID_SYMMETRIC_MAX,
+                           HYBRID_SYMMETRIC_MAX)
+            continue
+        rmin = min(np.float32(0), v.min())
+        rmax = max(np.float32(0), v.max())
+        if rmin == rmax:
+            continue
+        s = np.float64(np.float32(rmax - rmin)) / np.float64(hi - lo)
+        from_min, from_max = lo - np.float64(rmin) / s, hi - np.float64(rmax) / s
+        err_min = abs(lo) + abs(np.float64(rmin) / s)
+        err_max = abs(hi) + abs(np.float64(rmax) / s)
+        z = from_min if err_min < err_max else from_max
+        zp[g] = lo if z <= lo else hi if z >= hi else int(round_half_away(z))
+        scale[g] = np.float32(s)
+        inv = np.float32(1) / scale[g]
+        q[g] = np.clip(round_half_away(np.float32(zp[g]) + v * inv), lo, hi)
+    return q, scale, zp
+
+
+def hybrid_scale(acc, in_scale, w_scale, bias, *, channel_first: bool, act_range=None):
+    """float32 outputs of a hybrid layer from its int32 accumulators ``acc`` [groups, rows,
+    out_c] (sum of q * w, the zero point's term already subtracted), the input scale per
+    group, the weight scale per output channel and the float32 bias.
+
+    ``channel_first`` False (FULLY_CONNECTED; CONV_2D with one weight scale): bias +
+    acc * (in_scale * w_scale); True (CONV_2D with per-channel scales): acc * w_scale *
+    in_scale + bias, left to right. ``act_range``: the fused activation's clamp."""
+    a = np.asarray(acc).astype(np.float32)
+    s_in = np.asarray(in_scale, np.float32)[:, None, None]
+    s_w = np.asarray(w_scale, np.float32)[None, None, :]
+    b = np.asarray(bias, np.float32)[None, None, :]
+    if channel_first:
+        y = (a * s_w) * s_in + b
+    else:
+        y = b + a * (s_in * s_w)
+    return clamp_f32(y, act_range)

@@ -52,7 +52,8 @@ def assert_alive(expected: np.ndarray, what: str) -> None:
 
 
 def output_pairs(got: list, expected: list, what: str) -> list:
-    """[(got, expected, |got - expected| as int32)] per output, after checking that there
+    """[(got, expected, |got - expected|)] per output (int32; float64 for a float output,
+    0 where the values are equal), after checking that there
     is at least one output, as many as TFLite has, each of TFLite's shape and dtype, and
     each of TFLite's outputs alive (``assert_alive``). A loop over the result therefore
     cannot pass by having nothing to compare."""
@@ -63,7 +64,11 @@ def output_pairs(got: list, expected: list, what: str) -> list:
         assert g.shape == e.shape and g.dtype == e.dtype, \
             f"{what} output {i}: {g.shape} {g.dtype}, TFLite's is {e.shape} {e.dtype}"
         assert_alive(e, f"{what} output {i}")
-        pairs.append((g, e, np.abs(g.astype(np.int32) - e.astype(np.int32))))
+        if np.issubdtype(e.dtype, np.floating):  # equal values (NaN to NaN), else how far
+            same = (g == e) | (np.isnan(g) & np.isnan(e))
+            pairs.append((g, e, np.where(same, 0.0, np.abs(g.astype(np.float64) - e))))
+        else:
+            pairs.append((g, e, np.abs(g.astype(np.int32) - e.astype(np.int32))))
     return pairs
 
 

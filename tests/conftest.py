@@ -137,7 +137,8 @@ def compiled_models(devices, tmp_path_factory):
     """``compiled_models(level, name, model, seeds)`` -> (compile report, [(outputs,
     TFLite's outputs) per seed]): ``model`` (a path, bytes or ``TFLiteModel``) compiled for
     the level the first time a test of the module asks for ``(level, name)``, run on the
-    random inputs of each seed in the level's one session of the module (a device serves
+    random inputs of each seed (``make_inputs(seed)``'s, if given) in the level's one
+    session of the module (a device serves
     one session at a time; the sessions end with the module)."""
     from tvm_armq import build, export
     from tvm_armq.frontend.model import TFLiteModel
@@ -145,7 +146,7 @@ def compiled_models(devices, tmp_path_factory):
     sessions: dict = {}
     cache: dict = {}
 
-    def get(level: str, name: str, model, seeds) -> tuple[list, list]:
+    def get(level: str, name: str, model, seeds, make_inputs=None) -> tuple[list, list]:
         if (level, name) not in cache:
             model, report = TFLiteModel.load(model), []
             lib = export.export_aarch64(
@@ -154,8 +155,8 @@ def compiled_models(devices, tmp_path_factory):
             if level not in sessions:
                 sessions[level] = devices.session(level)
             run = build.DeviceModel(sessions[level], lib)
-            cache[level, name] = report, [(run(x), model.reference_outputs(x))
-                                          for x in map(model.random_inputs, seeds)]
+            inputs = map(make_inputs or model.random_inputs, seeds)
+            cache[level, name] = report, [(run(x), model.reference_outputs(x)) for x in inputs]
         return cache[level, name]
 
     yield get

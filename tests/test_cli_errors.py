@@ -63,11 +63,9 @@ def digest(*paths) -> list[str]:
 
 
 # ------------------------------------------------------------------ models
-def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1,
-                    dynamic_range: bool = False) -> bytes:
+def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1) -> bytes:
     """A one-layer model: FULLY_CONNECTED of a rows x k input to n outputs, in ``act``
-    (int8 or int16 activations with int8 weights, or float32 throughout; float32 with
-    int8 weights for ``dynamic_range``, TFLite's dynamic-range quantization)."""
+    (int8 or int16 activations with int8 weights, or float32 throughout)."""
     import tflite
 
     from tvm_armq.frontend.writer import single_op_model
@@ -90,11 +88,26 @@ def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1,
         tflite.FullyConnectedOptionsStart(builder)
         return tflite.FullyConnectedOptionsEnd(builder)
 
-    if dynamic_range:  # float input, bias and output; the weight int8 with its scale
-        w = rng.integers(-127, 127, (n, k), endpoint=True).astype(np.int8)
-        tensors[1] = dict(shape=(n, k), dtype="int8", q=(0.01, 0), data=w)
     return single_op_model(tflite.BuiltinOperator.FULLY_CONNECTED, tensors, [0, 1, 2], [3],
                            (tflite.BuiltinOptions.FullyConnectedOptions, options))
+
+
+def dynamic_range_depthwise(c: int = 8) -> bytes:
+    """A DEPTHWISE_CONV_2D of TFLite's dynamic-range quantization (float32 input, bias and
+    output; the weight int8 with its scale): an op tvm_armq has no hybrid kernel for."""
+    import tflite
+
+    from tvm_armq.frontend.writer import options, single_op_model
+
+    w = np.random.default_rng(0).integers(-127, 127, (1, 3, 3, c), endpoint=True)
+    tensors = [dict(shape=(1, 6, 6, c), dtype="float32"),
+               dict(shape=(1, 3, 3, c), dtype="int8", q=(0.01, 0), data=w.astype(np.int8)),
+               dict(shape=(c,), dtype="float32", data=np.zeros(c, np.float32)),
+               dict(shape=(1, 6, 6, c), dtype="float32")]
+    return single_op_model(tflite.BuiltinOperator.DEPTHWISE_CONV_2D, tensors, [0, 1, 2], [3],
+                           options("DepthwiseConv2DOptions", Padding=0, StrideW=1, StrideH=1,
+                                   DepthMultiplier=1, DilationWFactor=1,
+                                   DilationHFactor=1))
 
 
 def float_tanh(n: int = 1024) -> bytes:
@@ -118,7 +131,7 @@ def models(tmp_path_factory):
              # four rows: a GEMM that runs smmla at i8mm (one row runs sdot there)
              "int8_rows": fully_connected("int8", rows=4),
              "float": fully_connected("float32"),
-             "dynamic_range": fully_connected("float32", dynamic_range=True),
+             "dynamic_range": dynamic_range_depthwise(),
              "tanh": float_tanh(),
              "truncated": cli.BUNDLED_MODEL.read_bytes()[:480184],
              "flipped": bytes([int8[0] ^ 0xFF]) + int8[1:]}
@@ -170,12 +183,13 @@ def test_int16x8_model_names_the_tensor_and_dtype(models, command, tmp_path):
 
 @pytest.mark.parametrize("command", ["compile", "inspect"])
 def test_dynamic_range_model_names_the_operator(models, command, tmp_path):
-    """float32 activations with int8 weights: refused before TVM's frontend, naming the
-    operator and how to convert the model instead (never a traceback)."""
+    """float32 activations with int8 weights on an op without a hybrid kernel: refused
+    before TVM's frontend, naming the operator, the ops that have one and how to convert
+    the model instead (never a traceback)."""
     res = tvm_armq(command, models["dynamic_range"], *(["-o", tmp_path / "m.so"]
                                                        if command == "compile" else []))
-    error_of(res, UNSUPPORTED, str(models["dynamic_range"]), "operator 0 (FULLY_CONNECTED)",
-             "dynamic-range quantized", "representative dataset")
+    error_of(res, UNSUPPORTED, str(models["dynamic_range"]), "operator 0 (DEPTHWISE_CONV_2D)",
+             "dynamic-range quantized", "FULLY_CONNECTED and CONV_2D", "representative dataset")
     assert not (tmp_path / "m.so").exists()
 
 

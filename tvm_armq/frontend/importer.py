@@ -1,7 +1,8 @@
 """A TFLite model as TVM 0.27's TFLite frontend imports it (a Relax module, QDQ: every
 quantized layer dequantize -> float op -> quantize), refused with an error that names the
 tensor or operator when the frontend cannot import it or tvm_armq cannot compile it
-(int16 activations, dynamic-range quantization) instead of a bare TypeError or KeyError.
+(int16 activations, a dynamic-range op without a hybrid kernel) instead of a bare
+TypeError or KeyError.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
+from .converters import HYBRID_OPS
 from .model import TFLiteModel
 
 
@@ -44,8 +46,9 @@ def _unsupported_tensor(m: TFLiteModel) -> str | None:
 
 
 def _dynamic_range_op(m: TFLiteModel) -> str | None:
-    """The first operator of a dynamic-range quantized model (float32 activations, int8
-    weights quantized offline, requantized at run time by TFLite), said plainly."""
+    """The first dynamic-range quantized operator (float32 activations, int8 weights
+    quantized offline, the input quantized at run time by TFLite) that tvm_armq cannot
+    compile (not one of ``converters.HYBRID_OPS``), said plainly."""
     import tflite
 
     names = {v: k for k, v in vars(tflite.BuiltinOperator).items() if not k.startswith("_")}
@@ -62,9 +65,12 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
         if first.Type() == tflite.TensorType.FLOAT32 and weights:
             code = fb.OperatorCodes(op.OpcodeIndex())
             kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "?")
+            if kind in HYBRID_OPS:
+                continue
             return (f"operator {i} ({kind}) is dynamic-range quantized (float32 activations, "
-                    "int8 weights): tvm_armq compiles full-integer models; convert the model "
-                    "with a representative dataset (TFLite's full integer quantization)")
+                    f"int8 weights): tvm_armq compiles {' and '.join(HYBRID_OPS)} of such "
+                    "models, not this op; convert the model with a representative dataset "
+                    "(TFLite's full integer quantization)")
     return None
 
 

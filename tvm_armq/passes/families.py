@@ -7,17 +7,19 @@ GEMM family's (which takes a matmul with a constant weight: FULLY_CONNECTED); th
 family before the elementwise one (a conv's bias is an ``add``); TRANSPOSE_CONV and the
 tables before the elementwise family (an ADD of two functions of one tensor is a table);
 the LayerNorm family, which recognizes a whole chain at its last ADD, before the
-elementwise family, which would take that ADD alone.
+elementwise family, which would take that ADD alone. The hybrid family's layers end in
+float ops no other family takes.
 """
 
 from __future__ import annotations
 
-from . import (avg_pool, batch_matmul, concat, elementwise, gemm, layer_norm, reduce,
+from . import (avg_pool, batch_matmul, concat, elementwise, gemm, hybrid, layer_norm, reduce,
                requantize, resize, tables, transpose_conv)
 
 FAMILIES = (
     batch_matmul.FAMILY,
     gemm.FAMILY,
+    hybrid.FAMILY,
     transpose_conv.FAMILY,
     tables.FAMILY,
     layer_norm.FAMILY,

@@ -96,6 +96,9 @@ def _lowering_rewriter():
             self.graph = Graph(func)
             self.report: list = []
             self.var_of = self.graph.var_of
+            # kernel outputs already emitted, by (KernelCall id, shape): the call is kept
+            # with its variable, so its id is not reused while the entry lives
+            self.emitted: dict = {}
             # quantize results whose only use is a clip: the clip is the layer's end
             self.fused = set()
             for value in self.graph.defs.values():  # a value may be a variable (an alias)
@@ -133,7 +136,9 @@ def _lowering_rewriter():
             quantize, clip = None, None
             if name == "relax.clip":
                 q = self.graph.call(call.args[0], "relax.quantize")
-                if q is None or call.args[0] not in self.fused:
+                if q is None:  # a float clip: a hybrid layer's activation
+                    return Root(call, name, label)
+                if call.args[0] not in self.fused:
                     return None
                 quantize, clip = q, call
             elif name == "relax.quantize":
@@ -186,7 +191,10 @@ def _lowering_rewriter():
             for i, item in enumerate(kc.inputs):
                 x, shape = item if isinstance(item, tuple) else (item, None)
                 if isinstance(x, KernelCall):  # a kernel's output is this one's input
-                    args.append(self.builder_.emit(self._call_tir(x, shape)))
+                    key = (id(x), shape)  # emitted once however many kernels read it
+                    if key not in self.emitted:
+                        self.emitted[key] = (x, self.builder_.emit(self._call_tir(x, shape)))
+                    args.append(self.emitted[key][1])
                     continue
                 shape = shape_of(x) if shape is None else shape
                 args.append(self.visit_expr(x))

@@ -1,0 +1,272 @@
+"""Dynamic-range ("hybrid") conv2d / dense: float32 activations and int8 weights, run on the
+level's integer GEMM as TFLite's hybrid kernels compute them.
+
+Read ``gemm_compute.py`` first: the GEMM here is that one (same plan, same packed weights,
+same micro-kernels), over an int8 input this func makes from the float32 one on every call,
+with a float32 epilogue instead of the requantization:
+
+    q_min, q_max[b]     min and max of each quantization group b of the input: a batch
+                        index of the NHWC data (a dense layer's rows are its batch)
+    q_scale, q_inv,     the group's scale, its inverse and its zero point, as TFLite's
+    q_zp[b]             ``SymmetricQuantizeFloats`` / ``AsymmetricQuantizeFloats`` compute
+                        them (``reference.hybrid_quantize`` says how, step by step)
+    data_q              the int8 input: round(zp + x * inverse), clamped
+    A_packed, gemm      the GEMM of ``gemm_compute.gemm_parts_te`` (im2col pads with zp: a
+                        padded pixel is a real zero)
+    output              float32, per element (b the row's group, c its channel):
+
+        ROW_SCALE        bias[c] + acc' * (q_scale[b] * w_scale[c])     FULLY_CONNECTED;
+                                                                        CONV_2D, one scale
+        CHANNEL_FIRST    acc' * w_scale[c] * q_scale[b] + bias[c]       CONV_2D per channel
+
+    with acc' = acc - q_zp[b] * colsum[c] (sum_k q * w less the zero point's term; colsum:
+    each output channel's sum of weights, a constant) and the fused activation's clamp.
+
+Every float operation is one IEEE operation in TFLite's order: LLVM would fuse a multiply
+and the add after it into one FMLA (one rounding instead of two, a different result), so
+each product goes through ``llvm.arithmetic.fence``, which keeps it a product of its own
+and costs nothing. C's ``round`` (half away from zero) is ``llvm.round`` (FRINTA).
+``reference.hybrid_quantize`` and ``reference.hybrid_scale`` are the NumPy model, bit for bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .gemm_compute import gemm_parts_te
+from .gemm_layout import BORDERED, ceil_div, pack_weights
+from .gemm_plan import GemmPlan
+from .reference import HYBRID_ASYMMETRIC_RANGE, HYBRID_SYMMETRIC_MAX
+from .tir_util import flatten_written, largest_divisor
+
+OP = "gemm_hybrid"
+ROW_SCALE, CHANNEL_FIRST = "row_scale", "channel_first"
+SYMMETRIC, ASYMMETRIC = "sym", "asym"
+QUANTIZE_STAGE, PARAMS_STAGE = "data_q", "q_params"
+SCALE, INVERSE, ZERO_POINT = range(3)  # the columns of q_params
+PARAMS = 3
+FLOAT = "float32"
+QUANTIZE_LANES = 16  # int8 lanes of one NEON register: data_q is stored a register at a time
+
+
+@dataclasses.dataclass(frozen=True)
+class HybridScheme:
+    """What TFLite's kernel does with one hybrid layer: how it quantizes the input
+    (``inputs``: SYMMETRIC or ASYMMETRIC) and in which order it scales the sums
+    (``epilogue``: ROW_SCALE or CHANNEL_FIRST)."""
+
+    inputs: str
+    epilogue: str
+
+    @property
+    def asymmetric(self) -> bool:
+        return self.inputs == ASYMMETRIC
+
+
+def fence(value):
+    """``value`` as LLVM may not fuse with what uses it (see the module docstring)."""
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(str(value.ty), "llvm.arithmetic.fence", value)
+
+
+def _round(value):
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(str(value.ty), "llvm.round", value)
+
+
+def params_te(data, scheme: HybridScheme):
+    """``q_params`` float32 [B, PARAMS] of NHWC float32 ``data``, one row per quantization
+    group (a batch index): the group's scale, the inverse the quantization multiplies by and
+    the zero point (an integer in [-128, 127], exact in float32)."""
+    from tvm import te, tirx
+
+    B, H, W, C = (int(d) for d in data.shape)
+
+    def reduce(kind, name):
+        rh, rw, rc = (te.reduce_axis((0, n), f"{name}_{a}") for n, a in
+                      ((H, "h"), (W, "w"), (C, "c")))
+        return te.compute((B,), lambda b: kind(data[b, rh, rw, rc], axis=[rh, rw, rc]),
+                          name=name)
+
+    mn, mx = reduce(te.min, "q_min"), reduce(te.max, "q_max")
+    f32, f64 = (lambda v: tirx.const(v, FLOAT)), (lambda v: tirx.const(v, "float64"))
+    if not scheme.asymmetric:
+        top = f32(HYBRID_SYMMETRIC_MAX)
+
+        def param(b, i):
+            r = tirx.max(tirx.abs(mn[b]), tirx.abs(mx[b]))
+            values = (r / top, top / r, f32(0))
+            flat = (f32(1), f32(0), f32(0))  # an all-zero group: scale 1, every q 0
+            return tirx.Select(r == f32(0), _pick(i, flat), _pick(i, values))
+
+        return te.compute((B, PARAMS), param, name=PARAMS_STAGE)
+    lo, hi = HYBRID_ASYMMETRIC_RANGE
+
+    def param(b, i):
+        rmin, rmax = tirx.min(f32(0), mn[b]), tirx.max(f32(0), mx[b])
+        s = (rmax - rmin).astype("float64") / f64(hi - lo)  # the difference in float32
+        dmin, dmax = rmin.astype("float64"), rmax.astype("float64")
+        from_min, from_max = f64(lo) - dmin / s, f64(hi) - dmax / s
+        err_min = f64(abs(lo)) + tirx.abs(dmin / s)
+        err_max = f64(abs(hi)) + tirx.abs(dmax / s)
+        z = tirx.Select(err_min < err_max, from_min, from_max)
+        z = tirx.Select(z <= f64(lo), f64(lo), tirx.Select(z >= f64(hi), f64(hi), _round(z)))
+        scale = s.astype(FLOAT)
+        values = (scale, f32(1) / scale, z.astype(FLOAT))
+        flat = (f32(1), f32(1), f32(0))  # all zero: scale 1, zero point 0
+        return tirx.Select(rmin == rmax, _pick(i, flat), _pick(i, values))
+
+    return te.compute((B, PARAMS), param, name=PARAMS_STAGE)
+
+
+def _pick(i, values):
+    """values[i] for the TIR index ``i`` (a params column)."""
+    from tvm import tirx
+
+    out = values[-1]
+    for j in range(len(values) - 2, -1, -1):
+        out = tirx.Select(i == j, values[j], out)
+    return out
+
+
+def quantize_te(data, params, scheme: HybridScheme):
+    """``data_q`` int8 NHWC: round(zp + x * inverse) of each element with its group's
+    parameters, clamped (zp 0 and +-127 for a symmetric scheme)."""
+    from tvm import te, tirx
+
+    lo, hi = ((-HYBRID_SYMMETRIC_MAX, HYBRID_SYMMETRIC_MAX) if not scheme.asymmetric
+              else HYBRID_ASYMMETRIC_RANGE)
+
+    def quantized(b, y, x, c):
+        t = fence(data[b, y, x, c] * params[b, INVERSE])
+        if scheme.asymmetric:
+            t = params[b, ZERO_POINT] + t
+        r = _round(t).astype("int32")
+        return tirx.max(tirx.min(r, hi), lo).astype("int8")
+
+    return te.compute(data.shape, quantized, name=QUANTIZE_STAGE)
+
+
+def params_func(shape, scheme: HybridScheme):
+    """The quantization parameters of a float32 NHWC input of ``shape`` as a PrimFunc
+    (data, q_params); the min / max and the parameters are plain loops (one pass over the
+    input, a few scalars per group)."""
+    from tvm import te
+
+    data = te.placeholder(tuple(shape), FLOAT, "data")
+    return te.create_prim_func([data, params_te(data, scheme)])
+
+
+def quantize_func(shape, scheme: HybridScheme, *, parallel: bool = True, schedule=True):
+    """The int8 input of a float32 NHWC input of ``shape`` as a PrimFunc (data, q_params,
+    data_q), scheduled a NEON register of int8 results at a time, in parallel over them."""
+    from tvm import s_tir, te
+
+    data = te.placeholder(tuple(shape), FLOAT, "data")
+    params = te.placeholder((int(shape[0]), PARAMS), FLOAT, "q_params")
+    func = te.create_prim_func([data, params, quantize_te(data, params, scheme)])
+    if not schedule:
+        return func
+    sch = s_tir.Schedule(func)
+    fused = sch.fuse(*sch.get_loops(sch.get_sblock(QUANTIZE_STAGE)))
+    lanes = largest_divisor(sch.get(fused).extent.value, QUANTIZE_LANES)
+    outer, inner = sch.split(fused, [None, lanes])
+    sch.vectorize(inner)
+    if parallel:
+        sch.parallel(outer)
+    return sch.mod["main"]
+
+
+def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
+    """TE tensors of the hybrid layer's GEMM of ``plan`` (``gemm_plan.plan`` with an int8
+    kernel): (data_q, q_params, B_packed, w_scale, colsum, bias, outputs...).
+
+    Inputs: data_q int8 NHWC and q_params (``quantize_func``, ``params_func``), B_packed int8
+    (``constants``), w_scale float32 [out_c] (the weight's scale per output channel,
+    repeated for one scale), colsum int32 [out_c] (zeros unless ``scheme`` is asymmetric),
+    bias float32 [out_c] (zeros for a layer without one). Outputs: float32, as
+    ``gemm_compute.conv2d_gemm_te``'s (a row tail: two). ``act_range`` = (lo, hi) in float,
+    either side None; None: no clamp."""
+    from tvm import te, tirx
+
+    s, G = plan.shape, plan.shape.groups
+    _, nr, kr = plan.main.tile
+    kb, nb = s.packed_k(kr, "int8") // kr, ceil_div(s.gemm_n, nr)
+    data_q = te.placeholder((s.batch, s.in_h, s.in_w, s.in_c), "int8", QUANTIZE_STAGE)
+    params = te.placeholder((s.batch, PARAMS), FLOAT, PARAMS_STAGE)
+    b_packed = te.placeholder((G, nb, kb, nr, kr), "int8", "B_packed")
+    w_scale = te.placeholder((s.out_c,), FLOAT, "w_scale")
+    colsum = te.placeholder((s.out_c,), "int32", "colsum")
+    bias = te.placeholder((s.out_c,), FLOAT, "bias")
+    # a padded pixel holds the zero point: one per image, so one pad value for batch 1
+    pad = tirx.const(0, "int8")
+    if scheme.asymmetric and any(s.padding):
+        if s.batch != 1:
+            raise ValueError(f"{OP}: {s}: a padded asymmetric layer takes one image")
+        pad = params[0, ZERO_POINT].astype("int8")
+    pixels = s.out_h * s.out_w  # GEMM rows per quantization group
+    lo, hi = act_range if act_range is not None else (None, None)
+
+    def out_element(acc, m, g, c):
+        b = m // pixels
+        if scheme.asymmetric:
+            acc = acc - params[b, ZERO_POINT].astype("int32") * colsum[c]
+        x = acc.astype(FLOAT)
+        if scheme.epilogue == CHANNEL_FIRST:
+            y = fence(fence(x * w_scale[c]) * params[b, SCALE]) + bias[c]
+        else:
+            y = bias[c] + fence(x * (params[b, SCALE] * w_scale[c]))
+        if hi is not None:
+            y = tirx.min(y, tirx.const(float(hi), FLOAT))
+        if lo is not None:
+            y = tirx.max(y, tirx.const(float(lo), FLOAT))
+        return y
+
+    outputs = gemm_parts_te(plan, data_q, b_packed, pad, out_element)
+    return (data_q, params, b_packed, w_scale, colsum, bias, *outputs)
+
+
+def hybrid_gemm_func(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
+    """The hybrid layer's GEMM as one TIR PrimFunc, unscheduled (``hybrid_gemm_te``)."""
+    from tvm import te
+
+    func = te.create_prim_func(list(hybrid_gemm_te(plan, scheme, act_range=act_range)))
+    if plan.input_copy == BORDERED:  # read by flat offset, as conv2d_gemm_func does
+        func = flatten_written(func, BORDERED)
+    return func
+
+
+def schedule_hybrid_gemm(func, plan: GemmPlan, target=None):
+    """Schedule ``hybrid_gemm_func(plan, ...)`` as ``schedule_conv2d_gemm`` does: macro
+    tiles, the epilogue where a tile is computed, the micro-kernel tensorized."""
+    from .gemm_schedule import schedule_conv2d_gemm
+
+    return schedule_conv2d_gemm(func, plan, target)
+
+
+def constants(plan: GemmPlan, weight_hwio: np.ndarray, w_scale, bias, scheme: HybridScheme):
+    """The layer's compile-time operands after the input, in the func's order: the weights
+    packed for the plan's kernel, the weight scale per output channel, the weights' sums
+    per output channel (zeros for a symmetric input: no zero point to cancel), the bias."""
+    n = plan.shape.out_c
+    colsum = (weight_hwio.astype(np.int64).reshape(-1, weight_hwio.shape[-1]).sum(axis=0)
+              if scheme.asymmetric else np.zeros(n, np.int64))
+    return [pack_weights(weight_hwio, plan.main.tile, plan.shape.groups),
+            np.broadcast_to(np.asarray(w_scale, np.float32).reshape(-1), (n,)).copy(),
+            colsum.astype(np.int32),
+            np.zeros(n, np.float32) if bias is None else np.asarray(bias, np.float32)]
+
+
+def kernel_name(kernel, scheme: HybridScheme) -> str:
+    """The hybrid layer's name in the naming grammar: ``gemm_hybrid``, float32 in, int8
+    weights, float32 out, the micro-kernel's block and isa, the input scheme
+    (``gemm_hybrid_f32s8f32_8x12x4_dotprod_asym``)."""
+    from tvm_armq.intrinsics import names
+
+    parsed = names.NAME_RE.match(kernel.name)
+    shape = tuple(int(v) for v in parsed["shape"].split("x")) if parsed["shape"] else ()
+    return names.kernel_name(OP, (FLOAT, "int8", FLOAT), parsed["isa"], shape, scheme.inputs)

@@ -1,0 +1,213 @@
+"""Dynamic-range ("hybrid") FULLY_CONNECTED and CONV_2D (``schedules/hybrid.py``,
+``passes/hybrid.py``): float32 activations and int8 weights, the input quantized at run
+time and multiplied on the level's integer GEMM.
+
+1. Host: the NumPy model (``reference.hybrid_quantize`` / ``hybrid_scale``) equals TFLite's
+   BUILTIN_REF on every single-op model below (both input schemes, one weight scale and
+   one per channel, 2-D and 3-D inputs, SAME / VALID / strided convolutions, fused
+   activations, with and without a bias), on inputs with offsets (asymmetric zero points
+   away from 0), wide and narrow ranges and an all-zero quantization group.
+2. Device: each model compiled with its layer on a hybrid kernel (``inspect``'s name
+   ``gemm_hybrid_f32s8f32_..._<scheme>``), every output bit-exact with BUILTIN_REF and
+   alive: each case at one level in turn in the fast tier, at every level in the
+   exhaustive one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from armq_checks import assert_exact, one_level_in_turn, tier
+
+from tvm_armq.schedules import reference as ref
+from tvm_armq.targets import LEVELS
+
+pytestmark = pytest.mark.device
+
+SEEDS = (0, 1)
+ACT = {"none": (0, None), "relu": (1, (0.0, None)), "relu6": (3, (0.0, 6.0))}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One single-op hybrid model: FULLY_CONNECTED of ``in_shape`` (rows of its last axis)
+    or CONV_2D of an NHWC ``in_shape`` with a ``kernel`` x ``kernel`` filter."""
+
+    name: str
+    op: str                  # "fc" | "conv"
+    in_shape: tuple
+    out_c: int
+    per_channel: bool
+    asymmetric: bool = True  # FULLY_CONNECTED's option; CONV_2D decides by its scales
+    act: str = "none"
+    bias: bool = True
+    keep_num_dims: bool = False
+    kernel: int = 3
+    stride: int = 1
+    same: bool = True
+
+
+CASES = (
+    Case("fc_asym_channel_relu", "fc", (4, 40), 24, True, act="relu"),
+    Case("fc_sym_tensor_3d", "fc", (1, 16, 64), 32, False, asymmetric=False, bias=False,
+         keep_num_dims=True),
+    Case("fc_asym_tensor_relu6", "fc", (8, 33), 17, False, act="relu6"),
+    Case("fc_sym_channel", "fc", (3, 64), 48, True, asymmetric=False),
+    Case("conv_3x3_same_channel_relu6", "conv", (1, 9, 9, 8), 16, True, act="relu6"),
+    Case("conv_3x3_s2_valid_tensor", "conv", (1, 10, 10, 8), 12, False, stride=2,
+         same=False),
+    Case("conv_1x1_channel", "conv", (1, 6, 6, 16), 24, True, kernel=1),
+)
+
+
+def _weights(case: Case, rng):
+    """(int8 weight in TFLite's layout, float32 scales per output channel, bias or None)."""
+    n = case.out_c
+    shape = ((n, case.in_shape[-1]) if case.op == "fc"
+             else (n, case.kernel, case.kernel, case.in_shape[-1]))
+    w = rng.integers(-127, 127, shape, endpoint=True).astype(np.int8)
+    scales = (rng.uniform(0.002, 0.02, n) if case.per_channel
+              else np.full(n, 0.004)).astype(np.float32)
+    bias = rng.normal(0, 0.5, n).astype(np.float32) if case.bias else None
+    return w, scales, bias
+
+
+def model_bytes(case: Case) -> bytes:
+    import tflite
+
+    from tvm_armq.frontend.writer import Operator, graph_model, options
+
+    w, scales, bias = _weights(case, np.random.default_rng(len(case.name)))
+    q = ((scales, np.zeros(case.out_c, np.int64), 0) if case.per_channel
+         else (float(scales[0]), 0))
+    act_code = ACT[case.act][0]
+    if case.op == "fc":
+        rows = int(np.prod(case.in_shape[:-1]))
+        out_shape = ((*case.in_shape[:-1], case.out_c) if case.keep_num_dims
+                     else (rows, case.out_c))
+        code = tflite.BuiltinOperator.FULLY_CONNECTED
+        opts = options("FullyConnectedOptions", FusedActivationFunction=act_code,
+                       KeepNumDims=case.keep_num_dims,
+                       AsymmetricQuantizeInputs=case.asymmetric)
+    else:
+        b, h, wd, _ = case.in_shape
+        size = [(-(-d // case.stride) if case.same else (d - case.kernel) // case.stride + 1)
+                for d in (h, wd)]
+        out_shape = (b, *size, case.out_c)
+        code = tflite.BuiltinOperator.CONV_2D
+        opts = options("Conv2DOptions", Padding=0 if case.same else 1,
+                       StrideW=case.stride, StrideH=case.stride,
+                       FusedActivationFunction=act_code, DilationWFactor=1,
+                       DilationHFactor=1)
+    tensors = [dict(shape=case.in_shape, dtype="float32"),
+               dict(shape=w.shape, dtype="int8", q=q, data=w),
+               dict(shape=out_shape, dtype="float32")]
+    inputs = [0, 1, -1]
+    if bias is not None:
+        tensors.append(dict(shape=(case.out_c,), dtype="float32", data=bias))
+        inputs[2] = 3
+    return graph_model(tensors, [Operator(code, tuple(inputs), (2,), opts, version=3)],
+                       [0], [2])
+
+
+def case_inputs(case: Case, seed: int) -> list[np.ndarray]:
+    """A float32 input per quantization group with its own offset and spread (asymmetric
+    zero points far from 0, narrow and wide ranges); a FULLY_CONNECTED's second row all
+    zero (TFLite's scale-1 path), where it has more than one row."""
+    rng = np.random.default_rng(100 + seed)
+    x = rng.normal(0, 1, case.in_shape).astype(np.float32)
+    groups = x.reshape(-1, case.in_shape[-1]) if case.op == "fc" else x.reshape(x.shape[0], -1)
+    for g in range(groups.shape[0]):
+        groups[g] = groups[g] * rng.uniform(0.05, 8) + rng.uniform(-3, 3)
+    if case.op == "fc" and groups.shape[0] > 1:
+        groups[1] = 0
+    return [x]
+
+
+def reference_outputs(case: Case, x: np.ndarray) -> np.ndarray:
+    """The layer by ``reference.hybrid_*``: quantize each group, accumulate (q - zp) * w in
+    int32 (a padded pixel holds zp), scale in TFLite's order."""
+    w, scales, bias = _weights(case, np.random.default_rng(len(case.name)))
+    act = ACT[case.act][1]
+    zero_bias = np.zeros(case.out_c, np.float32)
+    if case.op == "fc":
+        k = case.in_shape[-1]
+        q, s, zp = ref.hybrid_quantize(x.reshape(-1, k), symmetric=not case.asymmetric)
+        acc = (q.astype(np.int64) - zp[:, None]) @ w.T.astype(np.int64)
+        out = ref.hybrid_scale(acc[:, None, :], s, scales, zero_bias if bias is None else bias,
+                               channel_first=False, act_range=act)
+        return out.reshape(-1, case.out_c)
+    b = x.shape[0]
+    per_channel = case.per_channel
+    q, s, zp = ref.hybrid_quantize(x.reshape(b, -1), symmetric=not per_channel)
+    q = q.reshape(x.shape)
+    pads = (0, 0, 0, 0)
+    if case.same:
+        from tvm_armq.frontend.converters import same_padding
+
+        (pt, pb), (pl, pr) = (same_padding(d, case.kernel, case.stride, 1)
+                              for d in x.shape[1:3])
+        pads = (pt, pl, pb, pr)
+    accs = [ref.conv2d_nhwc(q[i:i + 1], w.transpose(1, 2, 3, 0),
+                            np.zeros(case.out_c, np.int32), in_zp=int(zp[i]),
+                            strides=(case.stride, case.stride), padding=pads)
+            for i in range(b)]
+    acc = np.stack([a.reshape(-1, case.out_c) for a in accs])
+    out = ref.hybrid_scale(acc, s, scales, zero_bias if bias is None else bias,
+                           channel_first=per_channel, act_range=act)
+    return out.reshape(b, *accs[0].shape[1:3], case.out_c)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """name -> TFLiteModel of each case."""
+    from tvm_armq.frontend.model import TFLiteModel
+
+    folder = tmp_path_factory.mktemp("hybrid")
+    out = {}
+    for case in CASES:
+        path = folder / f"{case.name}.tflite"
+        path.write_bytes(model_bytes(case))
+        out[case.name] = TFLiteModel.load(path)
+    return out
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_reference_is_tflites(case, models):
+    """The NumPy model equals TFLite's reference kernels, float for float."""
+    model = models[case.name]
+    for seed in SEEDS:
+        x = case_inputs(case, seed)
+        expected = model.reference_outputs(x)
+        got = reference_outputs(case, x[0]).reshape(expected[0].shape)
+        assert_exact([got], expected, f"{case.name} seed {seed}: reference")
+
+
+def _device_params():
+    params = []
+    for i, case in enumerate(CASES):
+        for level in LEVELS:
+            params.append(tier(case, level, id=f"{case.name}-{level}",
+                               fast=level == one_level_in_turn(i)))
+    return params
+
+
+@pytest.mark.parametrize("case,level", _device_params())
+def test_hybrid_layer_on_device(case, level, models, compiled_models):
+    """Compiled with the layer on a hybrid kernel of the level, bit-exact with TFLite."""
+    from tvm_armq.report import Lowered
+    from tvm_armq.schedules import hybrid
+
+    model = models[case.name]
+    report, runs = compiled_models(level, case.name, model, SEEDS,
+                                   make_inputs=lambda seed: case_inputs(case, seed))
+    assert len(report) == 1 and isinstance(report[0], Lowered), report
+    scheme = (hybrid.ASYMMETRIC if (case.asymmetric if case.op == "fc" else case.per_channel)
+              else hybrid.SYMMETRIC)
+    kernel = report[0].kernel
+    assert kernel.startswith("gemm_hybrid_f32s8f32_") and kernel.endswith(f"_{scheme}"), kernel
+    assert len(runs) == len(SEEDS)
+    for seed, (got, expected) in zip(SEEDS, runs):
+        assert_exact(got, expected, f"{case.name} at {level}, seed {seed}")

@@ -1,0 +1,157 @@
+"""The hybrid family: dynamic-range FULLY_CONNECTED and CONV_2D (float32 activations, int8
+weights) on the level's integer GEMM, as TFLite's hybrid kernels compute them.
+
+Our converters (``frontend/converters.py``) import such a layer as its float meaning,
+
+    w_f = dequantize(W, s_w[c], 0, axis)        bound to ``hybrid_<inputs>_<epilogue>``
+    y   = matmul(x, w_f) | conv2d(x, w_f)       x: float32
+    y   = add(y, b)                             b: float32 constant (if the op has one)
+    out = relu(y) | clip(y, lo, hi)             the fused activation (if any)
+    out = reshape(out, ...)                     FULLY_CONNECTED's output shape (if needed)
+
+the weight's variable naming how TFLite quantizes the input and scales the sums (decided
+there, where the op's options are read). ``match`` recognizes the chain at its end (the
+variable named for the TFLite operator), ``lower`` makes it three kernel calls of
+``schedules.hybrid``: the input's quantization parameters, the int8 input, and the GEMM
+with its float epilogue. Without the pass the chain still computes the layer in float (the
+weights dequantized), and the report says why it stayed so.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..frontend.converters import HYBRID_OPS, hybrid_scheme, operator_of
+from ..report import Lowered
+from .graph import Graph, NotInteger, dequantized_const, dtype_of, shape_of
+from .records import KernelCall, OpFamily, Options
+
+_ACTIVATIONS = ("relax.nn.relu", "relax.clip")
+_CORES = ("relax.matmul", "relax.nn.conv2d")
+
+
+@dataclasses.dataclass
+class HybridLayer:
+    """A hybrid chain, read back out of the graph."""
+
+    op: str                 # "dense" | "conv2d"
+    x: object               # the float32 input
+    weight: np.ndarray      # int8: dense [K, N], conv2d HWIO
+    w_scales: np.ndarray    # float32 per output channel (a per-tensor scale repeated)
+    bias: np.ndarray | None  # float32 per output channel
+    act_range: tuple | None  # float (lo, hi), either side None; None: no activation
+    scheme: tuple           # (inputs, epilogue): schedules.hybrid's names
+    core: object            # the matmul / conv2d call
+
+
+def _match(graph: Graph, root):
+    """The chain ending at ``root`` (the variable of a hybrid TFLite operator), or None."""
+    named = operator_of(root.label)
+    if named is None or named[1] not in HYBRID_OPS:
+        return None
+    y, act = root.call, None
+    if y.op.name == "relax.reshape":
+        y = graph.call(y.args[0], *_ACTIVATIONS, "relax.add", *_CORES)
+    if y is not None and y.op.name in _ACTIVATIONS:
+        y, act = graph.call(y.args[0], "relax.add", *_CORES), y
+    bias = None
+    if y is not None and y.op.name == "relax.add":
+        bias = y.args[1]
+        y = graph.call(y.args[0], *_CORES)
+    if y is None or not isinstance(getattr(y.args[1], "name", None), str):
+        return None
+    scheme = hybrid_scheme(y.args[1].name)
+    return None if scheme is None else (y, bias, act, scheme)
+
+
+def _act_range(act) -> tuple | None:
+    if act is None:
+        return None
+    if act.op.name == "relax.nn.relu":
+        return (0.0, None)
+    return tuple(float(v.value) for v in act.args[1:3])
+
+
+def read_layer(graph: Graph, found) -> HybridLayer:
+    """The layer's constants and attributes (``NotInteger`` where TFLite's arithmetic
+    cannot be reproduced here)."""
+    core, bias_expr, act, scheme = found
+    weight, w_q = dequantized_const(graph, core.args[1], "the weight")
+    if weight.dtype != np.int8 or w_q.zp.any():
+        raise NotInteger("the weight is not int8 with zero point 0")
+    x = core.args[0]
+    if dtype_of(x) != "float32":
+        raise NotInteger(f"input {dtype_of(x)} (float32 only)")
+    n = weight.shape[-1]
+    bias = None
+    if bias_expr is not None:
+        bias = graph.const(bias_expr)
+        if bias is None or bias.dtype != np.float32 or bias.size != n:
+            raise NotInteger("the bias is not a float32 constant per output channel")
+        bias = bias.reshape(-1)
+    op = "dense" if core.op.name == "relax.matmul" else "conv2d"
+    if op == "conv2d" and (str(core.attrs.data_layout), str(core.attrs.kernel_layout)) != \
+            ("NHWC", "HWIO"):
+        raise NotInteger(f"layout {core.attrs.data_layout} / {core.attrs.kernel_layout}")
+    scales = w_q.per_channel(n).astype(np.float32)  # float32 as in the model
+    return HybridLayer(op, x, weight, scales, bias, _act_range(act), scheme, core)
+
+
+def _shape(layer: HybridLayer):
+    from tvm_armq.schedules.gemm_layout import Conv2DShape
+
+    in_shape = shape_of(layer.x)
+    if layer.op == "dense":
+        k, n = layer.weight.shape
+        return Conv2DShape.dense(int(np.prod(in_shape[:-1])), k, n), layer.weight[None, None]
+    a = layer.core.attrs
+    b, h, w, c = in_shape
+    kh, kw, _, n = layer.weight.shape
+    return Conv2DShape(b, h, w, c, n, kh, kw, groups=int(a.groups),
+                       strides=tuple(int(v) for v in a.strides),
+                       dilation=tuple(int(v) for v in a.dilation),
+                       padding=tuple(int(v) for v in a.padding)), layer.weight
+
+
+def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
+    from tvm_armq.intrinsics import kernels
+    from tvm_armq.schedules import gemm_plan, hybrid, tir_util
+
+    layer = read_layer(graph, found)
+    if opts.variants is not None:
+        raise NotInteger("hybrid layers are built for one level; a portable build keeps "
+                         "them in float")
+    scheme = hybrid.HybridScheme(*layer.scheme)
+    shape, w_hwio = _shape(layer)
+    if scheme.asymmetric and any(shape.padding) and shape.batch != 1:
+        raise NotInteger(f"a padded asymmetric hybrid conv2d of batch {shape.batch} (TFLite "
+                         "pads each image with its own zero point; one image only)")
+    kernel = kernels.select(opts.target, "int8", "int8", rows=shape.gemm_m,
+                            depth=shape.gemm_k)
+    plan = gemm_plan.plan(shape, kernel)
+    func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range)
+    func = (hybrid.schedule_hybrid_gemm(func, plan, opts.target) if opts.schedule
+            else tir_util.merge_outputs(func))
+    data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
+    params = KernelCall(hybrid.params_func(data, scheme), "hybrid_params", [(layer.x, data)],
+                        [], (shape.batch, hybrid.PARAMS), None, hybrid.FLOAT)
+    data_q = KernelCall(hybrid.quantize_func(data, scheme, parallel=plan.parallel,
+                                             schedule=opts.schedule),
+                        "hybrid_quantize", [(layer.x, data), (params, None)], [], data, None,
+                        "int8")
+    consts = hybrid.constants(plan, w_hwio, layer.w_scales, layer.bias, scheme)
+    op = f"{layer.op}_hybrid"
+    record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
+                     hybrid.kernel_name(kernel, scheme))
+    return KernelCall(func, op, [(data_q, None), (params, None)], consts,
+                      (shape.gemm_m, shape.groups, shape.gemm_n), record, hybrid.FLOAT)
+
+
+def _report_op(root, found) -> str:
+    return "dense_hybrid" if found[0].op.name == "relax.matmul" else "conv2d_hybrid"
+
+
+FAMILY = OpFamily("hybrid", ("relax.reshape", *_ACTIVATIONS, "relax.add", *_CORES),
+                  _match, _lower, report_op=_report_op)
