@@ -20,8 +20,8 @@ import dataclasses
 import numpy as np
 import pytest
 from armq_checks import assert_exact, one_level_in_turn, tier
-
 from tvm_armq.schedules import reference as ref
+
 from tvm_armq.targets import LEVELS
 
 pytestmark = pytest.mark.device
@@ -197,8 +197,9 @@ def _device_params():
 @pytest.mark.parametrize("case,level", _device_params())
 def test_hybrid_layer_on_device(case, level, models, compiled_models):
     """Compiled with the layer on a hybrid kernel of the level, bit-exact with TFLite."""
-    from tvm_armq.report import Lowered
     from tvm_armq.schedules import hybrid
+
+    from tvm_armq.report import Lowered
 
     model = models[case.name]
     report, runs = compiled_models(level, case.name, model, SEEDS,
