@@ -36,12 +36,12 @@ class LayerDiff:
     op: str             # its op code, e.g. "CONV_2D"
     kernel: str         # what ran it: a tvm_armq kernel, "float (QDQ)", or "frontend"
     shape: tuple
-    max_diff: int
+    max_diff: float     # the largest |difference| (an integer for an integer tensor)
     differ: int         # how many elements differ
 
     def line(self) -> str:
         verdict = "equal" if self.max_diff == 0 else \
-            f"DIFFERS by up to {self.max_diff} in {self.differ}/{int(np.prod(self.shape))}"
+            f"DIFFERS by up to {self.max_diff:g} in {self.differ}/{int(np.prod(self.shape))}"
         return (f"op {self.index:4d} {self.op:22s} {str(self.shape):20s} "
                 f"{self.kernel:32s} {verdict}")
 
@@ -108,10 +108,22 @@ def diff_layers(model, level: str, session, inputs=None, *, stock: bool = False,
         if g.shape != e.shape:
             raise RuntimeError(f"op {index} {code}: tvm_armq computed shape {g.shape}, "
                                f"TFLite {e.shape}")
-        d = np.abs(g.astype(np.int64) - e.astype(np.int64))
-        out.append(LayerDiff(index, code, kernel, tuple(e.shape), int(d.max(initial=0)),
+        d = difference(g, e)
+        worst = d.max(initial=0)
+        out.append(LayerDiff(index, code, kernel, tuple(e.shape),
+                             float(worst) if d.dtype.kind == "f" else int(worst),
                              int((d > 0).sum())))
     return out
+
+
+def difference(got: np.ndarray, expected: np.ndarray) -> np.ndarray:
+    """|got - expected| per element: int64 for integer tensors, float64 for float ones
+    (0 where both are the same NaN or equal: a float tensor is compared value for value,
+    not truncated to integers)."""
+    if np.issubdtype(expected.dtype, np.floating):
+        same = (got == expected) | (np.isnan(got) & np.isnan(expected))
+        return np.where(same, 0.0, np.abs(got.astype(np.float64) - expected))
+    return np.abs(got.astype(np.int64) - expected.astype(np.int64))
 
 
 def first_difference(layers: list[LayerDiff]) -> LayerDiff | None:

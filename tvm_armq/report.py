@@ -46,3 +46,18 @@ class Fallback:
         if tflite_op is not None:
             where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"
         return f"{self.op:17s} {where:41s} stays float: {self.reason}"
+
+
+# A dynamic-range model's float outputs against TFLite's: within this share of the
+# output's largest magnitude. Its hybrid layers compute TFLite's floats to the bit; its
+# float layers (softmax, LayerNorm, GELU, float BATCH_MATMUL, ...) are TVM's float code,
+# which rounds differently (a few ulps per op, measured with ``diff``), and a hybrid layer
+# can turn an ulp of its input into a step of its quantization grid (1/127 of a row's
+# range, times one weight): on the zoo's dynamic-range nets the measured difference is
+# below 1e-6 of the outputs' magnitude, far inside this bound.
+FLOAT_RELATIVE_TOLERANCE = 1e-4
+
+
+def dynamic_range(report: list) -> bool:
+    """Whether a compile report has a hybrid (dynamic-range) layer."""
+    return any(isinstance(r, Lowered) and r.op.endswith("_hybrid") for r in report)

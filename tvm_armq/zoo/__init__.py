@@ -234,7 +234,8 @@ class ModelSpec:
     batch 1.  ``input_ranges`` is the float range the representative dataset draws
     each input from (uniform).  ``op`` is the TFLite builtin operator a single-op
     model exists to test, ``None`` for nets.  ``precision`` is "int8" (full-integer
-    quantized) or "float32" (converted as is; ``float_names()``).  ``legacy_quantizer``
+    quantized), "float32" (converted as is; ``float_names()``) or "dynamic_range" (int8
+    weights, float32 activations; ``dynamic_names()``).  ``legacy_quantizer``
     converts with TFLite's older calibration quantizer instead of the MLIR one (see
     ``concat_requant``).
     """
@@ -906,8 +907,24 @@ _FLOAT_SPECS: tuple[ModelSpec, ...] = (
               precision=_FLOAT),
 )
 
-_BY_NAME = {s.name: s for s in _SPECS + _FLOAT_SPECS}
-assert len(_BY_NAME) == len(_SPECS) + len(_FLOAT_SPECS), "duplicate zoo model name"
+# Dynamic-range models: TFLite's converter with Optimize.DEFAULT and no representative
+# dataset (int8 weights, float32 activations; the FULLY_CONNECTED / CONV_2D layers of
+# 1024 weights or more run TFLite's hybrid kernels). Their float layers are TVM's float
+# code, so a whole model matches TFLite within a tolerance, not to the bit.
+_DYNAMIC = "dynamic_range"
+_DYNAMIC_SPECS: tuple[ModelSpec, ...] = (
+    ModelSpec("resnet_block_dynamic", _build_resnet_block, ((1, 32, 32, 3),),
+              "resnet_block, dynamic-range quantized: hybrid CONV_2D and FULLY_CONNECTED, "
+              "float ADD, pool and the small stem", precision=_DYNAMIC),
+    ModelSpec("bert_encoder_dynamic", _tx.build_bert, (_tx.BERT_SHAPE,),
+              "bert_encoder, dynamic-range quantized: hybrid FULLY_CONNECTED, float "
+              "attention, LayerNorm and GELU", input_ranges=_SEQUENCE_RANGE,
+              precision=_DYNAMIC),
+)
+
+_BY_NAME = {s.name: s for s in _SPECS + _FLOAT_SPECS + _DYNAMIC_SPECS}
+assert len(_BY_NAME) == len(_SPECS) + len(_FLOAT_SPECS) + len(_DYNAMIC_SPECS), \
+    "duplicate zoo model name"
 
 
 def names() -> list[str]:
@@ -923,6 +940,11 @@ def specs() -> list[ModelSpec]:
 def float_names() -> list[str]:
     """The float (fp32, not quantized) models, single-op models first, then nets."""
     return [s.name for s in _FLOAT_SPECS]
+
+
+def dynamic_names() -> list[str]:
+    """The dynamic-range models (int8 weights, float32 activations), nets only."""
+    return [s.name for s in _DYNAMIC_SPECS]
 
 
 class UnknownModelError(KeyError):
@@ -1035,6 +1057,15 @@ def _convert_float(s: ModelSpec) -> bytes:
     return _keras_to_tflite(s, lambda converter, tf: None)
 
 
+def _convert_dynamic(s: ModelSpec) -> bytes:
+    """Build the float model of ``s`` and convert it with dynamic-range quantization: int8
+    weights, float32 activations, no representative dataset."""
+    def dynamic_range(converter, tf):
+        converter.optimizations = [tf.lite.Optimize.DEFAULT]
+
+    return _keras_to_tflite(s, dynamic_range)
+
+
 def _keras_to_tflite(s: ModelSpec, configure) -> bytes:
     """The Keras model of ``s`` (seeded) through TFLite's converter, set up by
     ``configure(converter, tf)``."""
@@ -1071,7 +1102,7 @@ def build(
 
     directory.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    data = (_convert_float if s.precision == _FLOAT else convert)(s)
+    data = {_FLOAT: _convert_float, _DYNAMIC: _convert_dynamic}.get(s.precision, convert)(s)
     seconds = time.perf_counter() - t0
     meta = {
         "name": s.name,
