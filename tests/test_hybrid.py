@@ -212,3 +212,31 @@ def test_hybrid_layer_on_device(case, level, models, compiled_models):
     assert len(runs) == len(SEEDS)
     for seed, (got, expected) in zip(SEEDS, runs):
         assert_exact(got, expected, f"{case.name} at {level}, seed {seed}")
+
+
+# ------------------------------------------------------------------ dynamic-range nets
+def _net_params():
+    from tvm_armq import zoo
+
+    return [tier(name, level, id=f"{name}-{level}", fast=level == one_level_in_turn(i))
+            for i, name in enumerate(zoo.dynamic_names()) for level in LEVELS]
+
+
+@pytest.mark.parametrize("name,level", _net_params())
+def test_dynamic_range_net(name, level, compiled_models):
+    """A zoo net converted with dynamic-range quantization: every hybrid layer on a hybrid
+    kernel (none left float), every output alive and within the stated float tolerance of
+    TFLite's (``report.FLOAT_RELATIVE_TOLERANCE`` of its largest magnitude: the float layers
+    between the hybrid ones are TVM's code; the hybrid layers alone are exact, above)."""
+    from armq_checks import output_pairs
+
+    from tvm_armq import zoo
+    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE, Lowered
+
+    report, runs = compiled_models(level, name, zoo.build(name), (0,))
+    assert report and all(isinstance(r, Lowered) and r.kernel.startswith("gemm_hybrid_")
+                          for r in report), [str(r) for r in report]
+    (got, expected), = runs
+    for i, (g, e, diff) in enumerate(output_pairs(got, expected, f"{name} at {level}")):
+        bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
+        assert diff.max() <= bound, f"{name} at {level} output {i}: {diff.max():g} > {bound:g}"
