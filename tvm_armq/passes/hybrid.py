@@ -13,8 +13,9 @@ the weight's variable naming how TFLite quantizes the input and scales the sums 
 there, where the op's options are read). ``match`` recognizes the chain at its end (the
 variable named for the TFLite operator), ``lower`` makes it three kernel calls of
 ``schedules.hybrid``: the input's quantization parameters, the int8 input, and the GEMM
-with its float epilogue. Without the pass the chain still computes the layer in float (the
-weights dequantized), and the report says why it stayed so.
+with its float epilogue (in a portable build one GEMM per level behind a dispatcher, as
+``gemm.py``'s). Without the pass the chain still computes the layer in float (the weights
+dequantized), and the report says why it stayed so.
 """
 
 from __future__ import annotations
@@ -115,38 +116,75 @@ def _shape(layer: HybridLayer):
                        padding=tuple(int(v) for v in a.padding)), layer.weight
 
 
-def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
+def _kernel(shape, target):
+    """The GEMM micro-kernel the selection table gives the layer at ``target``."""
     from tvm_armq.intrinsics import kernels
+
+    return kernels.select(target, "int8", "int8", rows=shape.gemm_m, depth=shape.gemm_k)
+
+
+def _gemm_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedule: bool):
+    """The layer's GEMM for ``target``: (func, kernel, constants after the inputs)."""
     from tvm_armq.schedules import gemm_plan, hybrid, tir_util
 
+    kernel = _kernel(shape, target)
+    plan = gemm_plan.plan(shape, kernel)
+    func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range)
+    func = (hybrid.schedule_hybrid_gemm(func, plan, target) if schedule
+            else tir_util.merge_outputs(func))
+    return func, kernel, hybrid.constants(plan, w_hwio, layer.w_scales, layer.bias, scheme)
+
+
+def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
+    """Three kernel calls: the input's quantization parameters, the int8 input (both the
+    same code at every level), and the level's GEMM with the float epilogue; in a
+    portable build one GEMM per level behind a dispatcher, as ``gemm.py``'s."""
+    from tvm_armq.schedules import hybrid
+
+    from .. import portable
+    from ..targets import portable_levels, resolve
+
     layer = read_layer(graph, found)
-    if opts.variants is not None:
-        raise NotInteger("hybrid layers are built for one level; a portable build keeps "
-                         "them in float")
     scheme = hybrid.HybridScheme(*layer.scheme)
     shape, w_hwio = _shape(layer)
     if scheme.asymmetric and any(shape.padding) and shape.batch != 1:
         raise NotInteger(f"a padded asymmetric hybrid conv2d of batch {shape.batch} (TFLite "
                          "pads each image with its own zero point; one image only)")
-    kernel = kernels.select(opts.target, "int8", "int8", rows=shape.gemm_m,
-                            depth=shape.gemm_k)
-    plan = gemm_plan.plan(shape, kernel)
-    func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range)
-    func = (hybrid.schedule_hybrid_gemm(func, plan, opts.target) if opts.schedule
-            else tir_util.merge_outputs(func))
     data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
+    params_shape = (shape.batch, hybrid.PARAMS)
+    out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
     params = KernelCall(hybrid.params_func(data, scheme), "hybrid_params", [(layer.x, data)],
-                        [], (shape.batch, hybrid.PARAMS), None, hybrid.FLOAT)
-    data_q = KernelCall(hybrid.quantize_func(data, scheme, parallel=plan.parallel,
-                                             schedule=opts.schedule),
+                        [], params_shape, None, hybrid.FLOAT)
+    data_q = KernelCall(hybrid.quantize_func(data, scheme, schedule=opts.schedule),
                         "hybrid_quantize", [(layer.x, data), (params, None)], [], data, None,
                         "int8")
-    consts = hybrid.constants(plan, w_hwio, layer.w_scales, layer.bias, scheme)
     op = f"{layer.op}_hybrid"
+    inputs = [(data_q, None), (params, None)]
+    if opts.variants is None or not opts.schedule:
+        func, kernel, consts = _gemm_variant(layer, shape, w_hwio, scheme, opts.target,
+                                             opts.schedule)
+        levels = portable_levels(opts.target) or ()
+        variants = tuple(hybrid.kernel_name(_kernel(shape, resolve(lvl)), scheme)
+                         for lvl in levels)
+        record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
+                         hybrid.kernel_name(kernel, scheme), variants=variants)
+        return KernelCall(func, op, inputs, consts, out_shape, record, hybrid.FLOAT)
+    built = {level: _gemm_variant(layer, shape, w_hwio, scheme, resolve(level), True)
+             for level in opts.variants.levels}
+    arrays, index = portable.unique_consts({lvl: b[2] for lvl, b in built.items()})
+    names = {level: hybrid.kernel_name(kernel, scheme)
+             for level, (_, kernel, _) in built.items()}
+    calls = {level: (opts.variants.add(level, root.label, func, names[level]),
+                     ["data_q", "q_params", *(f"c{i}" for i in index[level]), "output"])
+             for level, (func, _, _) in built.items()}
+    func = portable.dispatcher(
+        [("data_q", data, "int8"), ("q_params", params_shape, hybrid.FLOAT)],
+        [(f"c{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)],
+        ("output", out_shape, hybrid.FLOAT), calls,
+        {"tvm_armq.op": "gemm_hybrid_portable", "tvm_armq.kernel": "+".join(names.values())})
     record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
-                     hybrid.kernel_name(kernel, scheme))
-    return KernelCall(func, op, [(data_q, None), (params, None)], consts,
-                      (shape.gemm_m, shape.groups, shape.gemm_n), record, hybrid.FLOAT)
+                     next(iter(names.values())), variants=tuple(names.values()))
+    return KernelCall(func, op, inputs, arrays, out_shape, record, hybrid.FLOAT)
 
 
 def _report_op(root, found) -> str:
