@@ -49,6 +49,7 @@ SCALE, INVERSE, ZERO_POINT = range(3)  # the columns of q_params
 PARAMS = 3
 FLOAT = "float32"
 QUANTIZE_LANES = 16  # int8 lanes of one NEON register: data_q is stored a register at a time
+REDUCE_LANES = 16  # float32 partial minima / maxima per group: four NEON registers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,20 +80,33 @@ def _round(value):
 
 
 def params_te(data, scheme: HybridScheme):
-    """``q_params`` float32 [B, PARAMS] of NHWC float32 ``data``, one row per quantization
-    group (a batch index): the group's scale, the inverse the quantization multiplies by and
-    the zero point (an integer in [-128, 127], exact in float32)."""
+    """``q_params`` float32 [B, PARAMS] of float32 ``data`` [B, L] (each group's elements in
+    a row), one row per quantization group: the group's scale, the inverse the quantization
+    multiplies by and the zero point (an integer in [-128, 127], exact in float32).
+
+    The min and max are reduced REDUCE_LANES at a time into a row of partial results
+    (``q_min_part``: lane j takes elements j, j + REDUCE_LANES, ...; a NEON vector
+    instruction per step), then across that row."""
     from tvm import te, tirx
 
-    B, H, W, C = (int(d) for d in data.shape)
+    B, L = (int(d) for d in data.shape)
+    steps = ceil_div(L, REDUCE_LANES)
 
-    def reduce(kind, name):
-        rh, rw, rc = (te.reduce_axis((0, n), f"{name}_{a}") for n, a in
-                      ((H, "h"), (W, "w"), (C, "c")))
-        return te.compute((B,), lambda b: kind(data[b, rh, rw, rc], axis=[rh, rw, rc]),
-                          name=name)
+    def reduce(kind, name, identity):
+        o = te.reduce_axis((0, steps), f"{name}_o")
 
-    mn, mx = reduce(te.min, "q_min"), reduce(te.max, "q_max")
+        def lane(b, j):
+            i = o * REDUCE_LANES + j
+            value = data[b, i] if L % REDUCE_LANES == 0 else \
+                tirx.Select(i < L, data[b, tirx.min(i, L - 1)], identity)
+            return kind(value, axis=o)
+
+        part = te.compute((B, REDUCE_LANES), lane, name=f"{name}_part")
+        j = te.reduce_axis((0, REDUCE_LANES), f"{name}_j")
+        return te.compute((B,), lambda b: kind(part[b, j], axis=j), name=name)
+
+    big = tirx.max_value(FLOAT)
+    mn, mx = reduce(te.min, "q_min", big), reduce(te.max, "q_max", -big)
     f32, f64 = (lambda v: tirx.const(v, FLOAT)), (lambda v: tirx.const(v, "float64"))
     if not scheme.asymmetric:
         top = f32(HYBRID_SYMMETRIC_MAX)
@@ -141,8 +155,8 @@ def quantize_te(data, params, scheme: HybridScheme):
     lo, hi = ((-HYBRID_SYMMETRIC_MAX, HYBRID_SYMMETRIC_MAX) if not scheme.asymmetric
               else HYBRID_ASYMMETRIC_RANGE)
 
-    def quantized(b, y, x, c):
-        t = fence(data[b, y, x, c] * params[b, INVERSE])
+    def quantized(b, *at):
+        t = fence(data[(b, *at)] * params[b, INVERSE])
         if scheme.asymmetric:
             t = params[b, ZERO_POINT] + t
         r = _round(t).astype("int32")
@@ -151,23 +165,35 @@ def quantize_te(data, params, scheme: HybridScheme):
     return te.compute(data.shape, quantized, name=QUANTIZE_STAGE)
 
 
-def params_func(shape, scheme: HybridScheme):
-    """The quantization parameters of a float32 NHWC input of ``shape`` as a PrimFunc
-    (data, q_params); the min / max and the parameters are plain loops (one pass over the
-    input, a few scalars per group)."""
-    from tvm import te
-
-    data = te.placeholder(tuple(shape), FLOAT, "data")
-    return te.create_prim_func([data, params_te(data, scheme)])
-
-
-def quantize_func(shape, scheme: HybridScheme, *, parallel: bool = True, schedule=True):
-    """The int8 input of a float32 NHWC input of ``shape`` as a PrimFunc (data, q_params,
-    data_q), scheduled a NEON register of int8 results at a time, in parallel over them."""
+def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True):
+    """The quantization parameters of ``groups`` float32 groups of ``length`` elements
+    each as a PrimFunc (data [groups, length], q_params): the min and the max a NEON vector
+    of partial results at a time (two passes over the input), then a few scalars per
+    group."""
     from tvm import s_tir, te
 
-    data = te.placeholder(tuple(shape), FLOAT, "data")
-    params = te.placeholder((int(shape[0]), PARAMS), FLOAT, "q_params")
+    data = te.placeholder((groups, length), FLOAT, "data")
+    func = te.create_prim_func([data, params_te(data, scheme)])
+    if not schedule:
+        return func
+    sch = s_tir.Schedule(func)
+    for name in ("q_min_part", "q_max_part"):
+        block = sch.get_sblock(name)
+        _, lane, step = sch.get_loops(block)
+        sch.reorder(step, lane)  # the steps outside: each one a vector over the lanes
+        sch.vectorize(lane)
+    return sch.mod["main"]
+
+
+def quantize_func(groups: int, length: int, scheme: HybridScheme, *, parallel: bool = True,
+                  schedule=True):
+    """The int8 input of ``groups`` float32 groups of ``length`` elements as a PrimFunc
+    (data [groups, length], q_params, data_q [groups, length]), scheduled a NEON register
+    of int8 results at a time, in parallel over them."""
+    from tvm import s_tir, te
+
+    data = te.placeholder((groups, length), FLOAT, "data")
+    params = te.placeholder((groups, PARAMS), FLOAT, "q_params")
     func = te.create_prim_func([data, params, quantize_te(data, params, scheme)])
     if not schedule:
         return func

@@ -240,3 +240,27 @@ def test_dynamic_range_net(name, level, compiled_models):
     for i, (g, e, diff) in enumerate(output_pairs(got, expected, f"{name} at {level}")):
         bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
         assert diff.max() <= bound, f"{name} at {level} output {i}: {diff.max():g} > {bound:g}"
+
+
+@pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "dotprod") for lvl in LEVELS])
+def test_portable_library_runs_each_levels_hybrid_kernels(level, devices, tmp_path):
+    """One portable library of a dynamic-range net: every hybrid layer carries a kernel per
+    level, and on each level's device it chooses that level and computes the model within
+    the stated tolerance (its hybrid layers: the same kernels as a single-level build)."""
+    from armq_checks import output_pairs
+
+    from tvm_armq import build, export, targets, zoo
+    from tvm_armq.frontend.model import TFLiteModel
+    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE, Lowered
+
+    model, report = TFLiteModel.load(zoo.build("resnet_block_dynamic")), []
+    lib = export.export_aarch64(build.compile_tflite(model, targets.PORTABLE, report=report),
+                                tmp_path / "portable.so")
+    assert report and all(isinstance(r, Lowered) and len(r.variants) == len(LEVELS)
+                          for r in report), [str(r) for r in report]
+    dm = build.DeviceModel(devices.session(level), lib)
+    assert dm.selected_level() == level
+    inputs = model.random_inputs(2)
+    for i, (_, e, diff) in enumerate(output_pairs(dm(inputs), model.reference_outputs(inputs),
+                                                  f"portable on {level}")):
+        assert diff.max() <= FLOAT_RELATIVE_TOLERANCE * float(abs(e).max()), (i, diff.max())

@@ -151,15 +151,17 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
         raise NotInteger(f"a padded asymmetric hybrid conv2d of batch {shape.batch} (TFLite "
                          "pads each image with its own zero point; one image only)")
     data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
+    groups = (shape.batch, shape.in_h * shape.in_w * shape.in_c)  # a group per row
     params_shape = (shape.batch, hybrid.PARAMS)
     out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
-    params = KernelCall(hybrid.params_func(data, scheme), "hybrid_params", [(layer.x, data)],
-                        [], params_shape, None, hybrid.FLOAT)
-    data_q = KernelCall(hybrid.quantize_func(data, scheme, schedule=opts.schedule),
-                        "hybrid_quantize", [(layer.x, data), (params, None)], [], data, None,
-                        "int8")
+    params = KernelCall(hybrid.params_func(*groups, scheme, schedule=opts.schedule),
+                        "hybrid_params", [(layer.x, groups)], [], params_shape, None,
+                        hybrid.FLOAT)
+    data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
+                        "hybrid_quantize", [(layer.x, groups), (params, None)], [], groups,
+                        None, "int8")
     op = f"{layer.op}_hybrid"
-    inputs = [(data_q, None), (params, None)]
+    inputs = [(data_q, data), (params, None)]
     if opts.variants is None or not opts.schedule:
         func, kernel, consts = _gemm_variant(layer, shape, w_hwio, scheme, opts.target,
                                              opts.schedule)
