@@ -10,7 +10,7 @@ with a float32 epilogue instead of the requantization:
     q_scale, q_inv,     the group's scale, its inverse and its zero point, as TFLite's
     q_zp[b]             ``SymmetricQuantizeFloats`` / ``AsymmetricQuantizeFloats`` compute
                         them (``reference.hybrid_quantize`` says how, step by step)
-    data_q              the int8 input: round(zp + x * inverse), clamped
+    data_q              the int8 input: round(x * inverse) + zp, clamped
     A_packed, gemm      the GEMM of ``gemm_compute.gemm_parts_te`` (im2col pads with zp: a
                         padded pixel is a real zero)
     output              float32, per element (b the row's group, c its channel):
@@ -148,7 +148,7 @@ def _pick(i, values):
 
 
 def quantize_te(data, params, scheme: HybridScheme):
-    """``data_q`` int8 NHWC: round(zp + x * inverse) of each element with its group's
+    """``data_q`` int8: round(x * inverse) + zp of each element with its group's
     parameters, clamped (zp 0 and +-127 for a symmetric scheme)."""
     from tvm import te, tirx
 
@@ -156,10 +156,9 @@ def quantize_te(data, params, scheme: HybridScheme):
               else HYBRID_ASYMMETRIC_RANGE)
 
     def quantized(b, *at):
-        t = fence(data[(b, *at)] * params[b, INVERSE])
-        if scheme.asymmetric:
-            t = params[b, ZERO_POINT] + t
-        r = _round(t).astype("int32")
+        r = _round(data[(b, *at)] * params[b, INVERSE]).astype("int32")
+        if scheme.asymmetric:  # added after the rounding, as an integer
+            r = r + params[b, ZERO_POINT].astype("int32")
         return tirx.max(tirx.min(r, hi), lo).astype("int8")
 
     return te.compute(data.shape, quantized, name=QUANTIZE_STAGE)

@@ -440,8 +440,9 @@ def hybrid_quantize(x, symmetric: bool):
     min x), rmax = max(0, max x) in float32, their difference in float32 (the installed
     TFLite subtracts before widening: measured), the scale that difference / 255 in double,
     the zero point the nearer of the two ends' in double, rounded and clamped to the int8
-    range; q = round(zp + x * (1 / scale)) in float32, clamped (all zero: scale 1, zp 0).
-    ``round`` is C's, half away from zero."""
+    range; q = round(x * (1 / scale)) + zp, the product in float32 and rounded before the
+    zero point is added (measured on ties: x / scale = -2.5 with zp -28 gives -31), clamped
+    (all zero: scale 1, zp 0). ``round`` is C's, half away from zero."""
     x = np.asarray(x, np.float32)
     groups = x.shape[0]
     q = np.zeros(x.shape, np.int32)
@@ -471,7 +472,7 @@ def hybrid_quantize(x, symmetric: bool):
         zp[g] = lo if z <= lo else hi if z >= hi else int(round_half_away(z))
         scale[g] = np.float32(s)
         inv = np.float32(1) / scale[g]
-        q[g] = np.clip(round_half_away(np.float32(zp[g]) + v * inv), lo, hi)
+        q[g] = np.clip(round_half_away(v * inv) + zp[g], lo, hi)
     return q, scale, zp
 
 

@@ -38,6 +38,7 @@ have exactly the PrimFunc's buffer shapes. Nothing runs on a device here.
     python scripts/bench_layers.py [--models mobilenet_v1_1.0 ...] [--layers REGEX]
                                    [--isa dotprod i8mm] [--limit N] [--runs 2]
                                    [--json rows.json] [--png chart.png] [--top N]
+                                   [--results scripts/results/layers.json]
 
 Time (2-core x86 host): one armperf run takes ~5-30 s (the 224x224 and 112x112 layers
 are the slow ones), compiling a layer a few seconds, the first build of a layer's .tflite
@@ -611,6 +612,9 @@ def main() -> int:
     ap.add_argument("--top", type=int, default=5, help="hot blocks kept per measurement")
     armperf_tool.add_option(ap)
     ap.add_argument("--json", type=Path, help="write the rows and totals here")
+    ap.add_argument("--results", type=Path, metavar="JSON",
+                    help="write the rows without their hot blocks here: the per-layer table's "
+                         "data (scripts/results/layers.json, rendered by render_results.py)")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--list", action="store_true", help="print the layer table and exit")
     ap.add_argument("--knobs", metavar="NAME=INT,...", default="",
@@ -666,6 +670,10 @@ def main() -> int:
     print_totals(tots)
     if a.json:
         a.json.write_text(json.dumps({"rows": rows, "totals": tots}, indent=1))
+    if a.results:
+        a.results.write_text(json.dumps([{k: v for k, v in r.items() if not k.endswith("_hot")
+                                          and not k.endswith("_insns") and k != "core"}
+                                         for r in rows], indent=1))
     if a.png:
         write_png(rows, a.png)
     return 0

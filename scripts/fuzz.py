@@ -40,6 +40,13 @@ The distribution (``LAYERS``, one generator per op; each says what it draws):
                            [--batch 24] [--chains 0.2] [--threads 1] [--out fuzz-out/]
     python scripts/fuzz.py --isa neon --seed 1 --cases 17,40   # replay two cases
     python scripts/fuzz.py --list                     # the ops and their weights
+    python scripts/fuzz.py --isa dotprod --dynamic --n 200 --seed 1   # hybrid layers
+
+``--dynamic`` draws dynamic-range layers (``HYBRID``): FULLY_CONNECTED and CONV_2D of a
+float32 input shifted per channel by a float ADD (so each quantization group has its own
+zero point), int8 weights per channel or per tensor, a float bias, both input schemes;
+compared with TFLite bit for bit as the int8 layers are (the ADD is one IEEE addition on
+both sides).
 """
 
 from __future__ import annotations
@@ -82,7 +89,8 @@ class Graph:
         return len(self.tensors) - 1
 
     def input(self, shape, q) -> int:
-        i = self.tensor(shape, q)
+        """A graph input: int8 with ``q``, float32 without (a hybrid layer's)."""
+        i = self.tensor(shape, q, "int8" if q is not None else "float32")
         self.inputs.append(i)
         return i
 
@@ -101,6 +109,9 @@ class Graph:
 
     def q(self, t: int) -> tuple:
         return self.tensors[t]["q"]
+
+    def dtype(self, t: int) -> str:
+        return self.tensors[t]["dtype"]
 
     def write(self) -> bytes:
         return graph_model(self.tensors, self.operators, self.inputs, self.outputs)
@@ -647,7 +658,7 @@ def _crop(g: Graph, x: int, shape) -> int:
     """x's leading corner of ``shape`` (a SLICE), or x if it has that shape."""
     if tuple(shape) == g.shape(x):
         return x
-    y = g.tensor(shape, g.q(x))
+    y = g.tensor(shape, g.q(x), g.dtype(x))
     g.op("SLICE", [x, g.const(np.zeros(4, np.int32)), g.const(np.array(shape, np.int32))], [y])
     return y
 
@@ -685,6 +696,76 @@ def strided_slice(rng, g: Graph, x: int):
     return y, {"shape": shape, "begin": begin, "end": end, "strides": strides}
 
 
+# ---------------------------------------------------------------- dynamic range (hybrid)
+
+def _float_shift(rng, g: Graph, x: int) -> int:
+    """x plus a constant per channel (a float ADD, exact in both TVM and TFLite): each
+    quantization group then has its own offset, so asymmetric zero points spread over the
+    int8 range instead of sitting near 0 (the test inputs are uniform in [-1, 1])."""
+    c = g.shape(x)[-1]
+    shift = (rng.uniform(-3, 3) + rng.normal(0, 0.3, c)).astype(np.float32)
+    y = g.tensor(g.shape(x), None, "float32")
+    g.op("ADD", [x, g.const(shift)], [y], options("AddOptions"))
+    return y
+
+
+def _hybrid_weights(rng, g: Graph, shape, p: dict):
+    """int8 weights with one scale or one per output channel (axis 0), and a float bias."""
+    n = shape[0]
+    per_channel = bool(rng.random() < 0.7)
+    scales = (10 ** rng.uniform(-3.5, -1.5, n if per_channel else 1)).astype(np.float32)
+    q = ((scales, np.zeros(n, np.int64), 0) if per_channel else (float(scales[0]), 0))
+    wt = g.const(weights(rng, shape), q)
+    b = g.const(rng.normal(0, 0.5, n).astype(np.float32))
+    p.update(per_channel=per_channel)
+    return wt, b
+
+
+def dense_hybrid(rng, g: Graph, x: int):
+    """A dynamic-range FULLY_CONNECTED: float32 input (after a per-feature shift), int8
+    weights, TFLite's either input scheme, 2-D or (keep_num_dims) 3-D / 4-D input."""
+    p: dict = {}
+    x = _float_shift(rng, g, x)
+    *rows, k = g.shape(x)
+    keep = len(rows) > 1 and bool(rng.random() < 0.5)
+    units = log_uniform_int(rng, 1, 256)
+    wt, b = _hybrid_weights(rng, g, (units, k), p)
+    asym = bool(rng.random() < 0.6)
+    out = (*rows, units) if keep else (int(np.prod(rows)), units)
+    y = g.tensor(out, None, "float32")
+    g.op("FULLY_CONNECTED", [x, wt, b], [y], options(
+        "FullyConnectedOptions", FusedActivationFunction=activation(rng, p),
+        KeepNumDims=keep, AsymmetricQuantizeInputs=asym), version=9)
+    p.update(shape=g.shape(x), units=units, keep_num_dims=keep, asymmetric=asym)
+    return y, p
+
+
+def conv2d_hybrid(rng, g: Graph, x: int):
+    """A dynamic-range CONV_2D: float32 NHWC input (after a per-channel shift), int8
+    weights, any window; TFLite quantizes the image asymmetrically when the weight scales
+    differ per channel, symmetrically otherwise."""
+    p: dict = {}
+    x = _float_shift(rng, g, x)
+    n, h, w, c = g.shape(x)
+    kh, kw, stride, dil, same = window(rng, g, x, p, KERNELS)
+    if n > 1 and same:  # TFLite pads each image with its own zero point: one image
+        x = _crop(g, x, (1, h, w, c))
+        n = 1
+    cout = log_uniform_int(rng, 1, 128)
+    wt, b = _hybrid_weights(rng, g, (cout, kh, kw, c), p)
+    oh, ow = out_size(h, kh, stride, dil, same), out_size(w, kw, stride, dil, same)
+    y = g.tensor((n, oh, ow, cout), None, "float32")
+    g.op("CONV_2D", [x, wt, b], [y], options(
+        "Conv2DOptions", Padding=padding(same), StrideW=stride, StrideH=stride,
+        DilationWFactor=dil, DilationHFactor=dil,
+        FusedActivationFunction=activation(rng, p)), version=3)
+    p.update(shape=(n, h, w, c), cout=cout)
+    return y, p
+
+
+HYBRID = {"dense_hybrid": dense_hybrid, "conv2d_hybrid": conv2d_hybrid}
+
+
 LAYERS = {
     "conv2d": conv2d,
     "depthwise": depthwise,
@@ -719,12 +800,14 @@ LAYERS = {
     "batch_matmul": batch_matmul,
     "gelu": _unary("GELU", opts=_gelu),
     "layer_norm": layer_norm,
+    **HYBRID,
 }
+INT8_LAYERS = [o for o in LAYERS if o not in HYBRID]  # what a run draws without --dynamic
 # How often each op is drawn: the GEMM layers most, as most of a CNN's code is theirs.
 WEIGHT = collections.defaultdict(lambda: 1.0, conv2d=6.0, depthwise=3.0, dense=2.0, add=2.0,
                                  mul=1.5, avg_pool=1.5, max_pool=1.5, concat=1.5)
-FLAT = {"dense", "softmax", "batch_matmul", "layer_norm"}  # also take a 2-D input
-FOUR_D = {"conv2d", "depthwise", "avg_pool", "max_pool", "concat", "mean",
+FLAT = {"dense", "softmax", "batch_matmul", "layer_norm", "dense_hybrid"}  # 2-D inputs too
+FOUR_D = {"conv2d", "conv2d_hybrid", "depthwise", "avg_pool", "max_pool", "concat", "mean",
           "resize_bilinear", "resize_nearest", "transpose_conv", "pad", "space_to_depth",
           "depth_to_space"}
 
@@ -754,11 +837,15 @@ def _short(p: dict) -> str:
 
 
 def first_input(rng, g: Graph, op: str) -> int:
-    """A fresh graph input for ``op``: NHWC, or (batch, features) for the 2-D ops."""
+    """A fresh graph input for ``op``: NHWC, or (batch, features) for the 2-D ops; float32
+    for a hybrid op (rows of up to 8 for a dense one)."""
     batch = 1 if rng.random() < 0.85 else 2
+    q = None if op in HYBRID else act_q(rng)
+    if op in HYBRID:
+        batch = int(rng.integers(1, 9)) if op == "dense_hybrid" else batch
     if op in FLAT and rng.random() < 0.6:
         return g.input((batch, log_uniform_int(rng, 2 if op == "layer_norm" else 1, 512)),
-                       act_q(rng))
+                       q)
     c = log_uniform_int(rng, 1, 256)
     if op == "layer_norm":  # over a row of one value TFLite's chain aborts
         c = max(c, 2)
@@ -766,7 +853,7 @@ def first_input(rng, g: Graph, op: str) -> int:
     h, w = (int(rng.integers(1, hw_max + 1)) for _ in range(2))
     if rng.random() < 0.2:
         h = w  # square images, as most nets have
-    return g.input((batch, h, w, c), act_q(rng))
+    return g.input((batch, h, w, c), q)
 
 
 def draw(seed: int, index: int, ops: list[str], chains: float, g: Graph) -> Case:
@@ -779,7 +866,7 @@ def draw(seed: int, index: int, ops: list[str], chains: float, g: Graph) -> Case
     layers = []
     for step in range(length):
         if step:
-            fits = [o for o in ops if _fits(o, g.shape(x))]
+            fits = [o for o in ops if o not in HYBRID and _fits(o, g.shape(x))]
             if not fits:  # nothing takes this tensor (a --ops subset): the chain ends here
                 break
             w = np.array([WEIGHT[o] for o in fits])
@@ -849,11 +936,12 @@ def run_batch(session, level: str, seed: int, indices, ops, chains, workdir: Pat
     for case, g_, e in zip(cases, got, expected):
         alive = len(np.unique(e)) >= MIN_ALIVE_VALUES
         if g_.shape != e.shape or not np.array_equal(g_, e):
-            diff = (np.abs(g_.astype(np.int64) - e.astype(np.int64)) if g_.shape == e.shape
+            wide = np.float64 if e.dtype.kind == "f" else np.int64  # a float differs by less
+            diff = (np.abs(g_.astype(wide) - e.astype(wide)) if g_.shape == e.shape
                     else None)
             detail = (f"shape {g_.shape} != {e.shape}" if diff is None else
                       f"{int((diff > 0).sum())}/{diff.size} elements differ, up to "
-                      f"{int(diff.max())}")
+                      f"{diff.max():g}")
             out.append(Outcome(case, "differs", detail, alive))
         else:
             out.append(Outcome(case, "ok", "", alive))
@@ -962,7 +1050,11 @@ def main() -> int:
     ap.add_argument("--isa", choices=list(LEVELS), default="neon")
     ap.add_argument("--n", type=int, default=100, help="cases to draw")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--ops", default=",".join(LAYERS), help="comma-separated, of --list")
+    ap.add_argument("--ops", help="comma-separated, of --list (default: every int8 op; "
+                                  "with --dynamic the hybrid ones)")
+    ap.add_argument("--dynamic", action="store_true",
+                    help="dynamic-range layers (float32 activations, int8 weights: "
+                         + ", ".join(HYBRID) + ")")
     ap.add_argument("--batch", type=int, default=24, help="cases per compiled module")
     ap.add_argument("--chains", type=float, default=0.2, help="share of 3-6 layer chains")
     ap.add_argument("--out", type=Path, default=Path("fuzz-out"), help="reproducers here")
@@ -975,7 +1067,8 @@ def main() -> int:
         for name, gen in LAYERS.items():
             print(f"{name:16s} weight {WEIGHT[name]:.1f}")
         return 0
-    ops = [o.strip() for o in a.ops.split(",") if o.strip()]
+    default = list(HYBRID) if a.dynamic else INT8_LAYERS
+    ops = [o.strip() for o in (a.ops or ",".join(default)).split(",") if o.strip()]
     unknown = [o for o in ops if o not in LAYERS]
     if unknown:
         ap.error(f"--ops: unknown {', '.join(unknown)} (known: {', '.join(LAYERS)})")

@@ -71,15 +71,18 @@ class Data:
     threads: list[dict] | None
     ceilings: list[dict] | None
     batch_matmul: list[dict] | None = None
+    layers: list[dict] | None = None
 
     @classmethod
     def load(cls, folder: Path = rd.RESULTS) -> Data:
         return cls(folder, rd.load(folder / rd.MODELS), rd.load(folder / rd.THREADS),
-                   rd.load(folder / rd.CEILINGS), rd.load(folder / rd.BATCH_MATMUL))
+                   rd.load(folder / rd.CEILINGS), rd.load(folder / rd.BATCH_MATMUL),
+                   rd.load(folder / rd.LAYERS))
 
     def need(self, name: str) -> list[dict]:
         rows = {rd.MODELS: self.models, rd.THREADS: self.threads,
-                rd.CEILINGS: self.ceilings, rd.BATCH_MATMUL: self.batch_matmul}[name]
+                rd.CEILINGS: self.ceilings, rd.BATCH_MATMUL: self.batch_matmul,
+                rd.LAYERS: self.layers}[name]
         if rows is None:
             raise ResultsError(f"{shown(self.folder / name)} not found; "
                                "see scripts/results_data.py for how it is made")
@@ -250,9 +253,38 @@ def table_batch_matmul(data: Data) -> str:
             "(its multiply-accumulates at the level's peak rate) that is.")
 
 
+def table_layers(data: Data) -> str:
+    """One row per distinct layer: its shape and each level's tflite / tvm_armq, then per
+    model and level the sum over its layers, each counted as often as the model uses it."""
+    rows = data.need(rd.LAYERS)
+    version = rd.armperf_version(rows, "layers")
+    levels = rd.levels()
+    per_layer: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        per_layer.setdefault(r["layer"], {})[r["isa"]] = r
+    body = [[f"`{name}`", next(iter(per.values()))["shape"]]
+            + [ratio(field(per, lv, "tflite_over_tvm_armq")) for lv in levels]
+            for name, per in per_layer.items()]
+    models = sorted({m for r in rows for m in r["uses"]})
+    totals = []
+    for model in models:
+        cells = []
+        for lv in levels:
+            used = [(r, r["uses"][model]) for r in rows if r["isa"] == lv and model in r["uses"]]
+            tfl = sum(r["tflite"] * n for r, n in used)
+            tvm = sum(r["tvm_armq"] * n for r, n in used)
+            cells.append(ratio(tfl / tvm) if tvm else ratio(None))
+        totals.append([f"all of `{model}`", ""] + cells)
+    return (markdown_table(["layer", "shape", *levels], body + totals) + "\n\n"
+            f"armperf version {version}, one thread: TFLite's (XNNPACK) estimated cycles over "
+            "tvm_armq's for each distinct layer of the nets, alone "
+            "(scripts/bench_layers.py); the last rows sum each net's layers, each counted "
+            "as often as the net uses it.")
+
+
 TABLES = {"models": table_models, "models_cycles": table_models_cycles,
           "ceilings": table_ceilings, "threads": table_threads,
-          "batch_matmul": table_batch_matmul}
+          "batch_matmul": table_batch_matmul, "layers": table_layers}
 
 
 # ------------------------------------------------------------------ markers

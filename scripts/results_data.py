@@ -6,6 +6,9 @@ separate benchmark runs merge into them, and the one rule for reading them toget
     models.json          bench_models.py rows measured on one thread, every zoo net measured
     models_threads.json  bench_models.py rows measured on more than one thread (optional)
     ceilings.json        mac_ceiling.py rows: each model's MAC bound and ceiling per level
+    batch_matmul.json    bench_batch_matmul.py rows: attention's products against their floor
+    layers.json          bench_layers.py rows (without the hot blocks): each distinct layer
+                         of MobileNetV1 / V2 1.0 at 224 per level, tvm_armq against TFLite
 
 Rows are replaced by their key, (model, isa, threads), and kept in one order: the zoo's
 (``tvm_armq.zoo.names()``, nets in the order the zoo lists them), then the ISA level
@@ -19,6 +22,8 @@ Update the data and the docs:
     python scripts/bench_models.py --merge /tmp/bench/*.json        # per-net runs -> models*.json
     python scripts/mac_ceiling.py --bench scripts/results/models.json \\
                                   --json scripts/results/ceilings.json
+    python scripts/bench_layers.py --models mobilenet_v1_1.0 mobilenet_v2_1.0 \
+                                   --results scripts/results/layers.json   # per layer
     python scripts/render_results.py                                 # tables and charts
 """
 
@@ -32,6 +37,7 @@ MODELS = "models.json"
 THREADS = "models_threads.json"
 CEILINGS = "ceilings.json"
 BATCH_MATMUL = "batch_matmul.json"  # scripts/bench_batch_matmul.py --json
+LAYERS = "layers.json"  # scripts/bench_layers.py --json, its "rows" less the hot blocks
 
 ONE_THREAD = 1
 KEY = ("model", "isa", "threads")

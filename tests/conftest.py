@@ -146,19 +146,25 @@ def compiled_models(devices, tmp_path_factory):
     sessions: dict = {}
     cache: dict = {}
 
+    def session(level: str):
+        """The module's one session of the level's device (a device serves one at a time:
+        a test of the module that runs a library of its own asks for it here)."""
+        if level not in sessions:
+            sessions[level] = devices.session(level)
+        return sessions[level]
+
     def get(level: str, name: str, model, seeds, make_inputs=None) -> tuple[list, list]:
         if (level, name) not in cache:
             model, report = TFLiteModel.load(model), []
             lib = export.export_aarch64(
                 build.compile_tflite(model, level, report=report),
                 tmp_path_factory.mktemp(f"models-{level}") / f"{name.replace('.', '_')}.so")
-            if level not in sessions:
-                sessions[level] = devices.session(level)
-            run = build.DeviceModel(sessions[level], lib)
+            run = build.DeviceModel(session(level), lib)
             inputs = map(make_inputs or model.random_inputs, seeds)
             cache[level, name] = report, [(run(x), model.reference_outputs(x)) for x in inputs]
         return cache[level, name]
 
+    get.session = session
     yield get
     sessions.clear()
 

@@ -38,6 +38,25 @@ SLICES = [tier(level, cases, id=f"{level}-{part}", fast=part == "fast")
           for level in LEVELS]
 
 
+# The dynamic-range mode (``--dynamic``): its own seed's first DYNAMIC_N cases, hybrid
+# FULLY_CONNECTED and CONV_2D layers, bit-exact at every level (the fast tier: one level).
+DYNAMIC_N = 12
+DYNAMIC_SLICES = [tier(level, id=level, fast=level == "i8mm") for level in LEVELS]
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("level", DYNAMIC_SLICES)
+def test_dynamic_range_slice(level, devices):
+    cases = list(range(DYNAMIC_N))
+    outcomes = fuzz.fuzz(level, DYNAMIC_N, SLICE_SEED, list(fuzz.HYBRID), batch=DYNAMIC_N,
+                         session=devices.session(level), log=lambda *_: None, cases=cases)
+    assert [o.case.index for o in outcomes] == cases, fuzz.summary(outcomes)
+    bad = [f"{o.kind}: {o.case.name} {o.case.describe()}: {o.detail}"
+           for o in outcomes if o.kind != "ok"]
+    assert not bad, "\n".join(bad)
+    assert sum(o.alive for o in outcomes) >= 0.7 * len(outcomes), fuzz.summary(outcomes)
+
+
 def _reproducers() -> list[Path]:
     return sorted(CASES_DIR.glob("*.tflite"))
 
@@ -46,7 +65,7 @@ def _reproducers() -> list[Path]:
 @pytest.mark.parametrize("level, cases", SLICES)
 def test_fixed_seed_slice(level, cases, devices):
     cases = list(cases)
-    outcomes = fuzz.fuzz(level, len(cases), SLICE_SEED, list(fuzz.LAYERS), batch=len(cases),
+    outcomes = fuzz.fuzz(level, len(cases), SLICE_SEED, fuzz.INT8_LAYERS, batch=len(cases),
                          session=devices.session(level), log=lambda *_: None, cases=cases)
     # every case drawn has its outcome: a batch that lost an output must not lose a case
     assert [o.case.index for o in outcomes] == cases, fuzz.summary(outcomes)
@@ -102,7 +121,7 @@ def test_reproducers_are_exact(devices, tmp_path):
 def test_a_case_is_the_same_alone_and_in_a_batch():
     """Case i of a seed draws from its own generator: the reproducer written alone is the
     layer that failed in the batch, and a run is repeatable."""
-    ops = list(fuzz.LAYERS)
+    ops = fuzz.INT8_LAYERS
     alone = [fuzz.batch_model(7, [i], ops, 0.5)[1][0].layers for i in range(6)]
     together = [c.layers for c in fuzz.batch_model(7, range(6), ops, 0.5)[1]]
     assert repr(alone) == repr(together)

@@ -214,6 +214,51 @@ def test_hybrid_layer_on_device(case, level, models, compiled_models):
         assert_exact(got, expected, f"{case.name} at {level}, seed {seed}")
 
 
+# ------------------------------------------------------------------ ties
+# Identity weights (scale 1): the output is (q - zp) per input element, so TFLite's rounding
+# of each tie shows. Asymmetric rows of range 255 have scale 1 (x / scale = x) and zero
+# point -28 (rmin -100) or -128 (no negative value); symmetric rows of max 127 too.
+TIE_ROWS = {True: [[-100, 155, -2.5, 2.5, -3.5, 0.5], [255, 214.5, 41.5, 0.5, 1.5, 128.5]],
+            False: [[127, 86.5, -86.5, 0.5, 1.5, -2.5], [-127, 3.5, -0.5, 126.5, -1.5, 0]]}
+
+
+def _tie_model(asymmetric: bool) -> bytes:
+    import tflite
+
+    from tvm_armq.frontend.writer import Operator, graph_model, options
+
+    n = len(TIE_ROWS[asymmetric][0])
+    tensors = [dict(shape=(2, n), dtype="float32"),
+               dict(shape=(n, n), dtype="int8", q=(1.0, 0), data=np.eye(n, dtype=np.int8)),
+               dict(shape=(2, n), dtype="float32")]
+    opts = options("FullyConnectedOptions", AsymmetricQuantizeInputs=asymmetric)
+    return graph_model(tensors, [Operator(tflite.BuiltinOperator.FULLY_CONNECTED, (0, 1, -1),
+                                          (2,), opts, 9)], [0], [2])
+
+
+@pytest.mark.parametrize("asymmetric", [tier(True, id="asym", fast=True),
+                                        tier(False, id="sym", fast=False)])
+def test_ties_round_as_tflite(asymmetric, compiled_models, tmp_path):
+    """x / scale on a tie (.5): the symmetric scheme rounds it half away from zero, the
+    asymmetric one too but before adding the zero point (-2.5 with zp -28: -31, not -30),
+    on the host model and on the device (one level per scheme: the quantization is the
+    same code at every level)."""
+    from tvm_armq.frontend.model import TFLiteModel
+
+    path = tmp_path / "ties.tflite"
+    path.write_bytes(_tie_model(asymmetric))
+    model = TFLiteModel.load(path)
+    x = np.array(TIE_ROWS[asymmetric], np.float32)
+    expected = model.reference_outputs([x])
+    q, scale, zp = ref.hybrid_quantize(x, symmetric=not asymmetric)
+    assert (scale == 1).all()
+    assert_exact([(q - zp[:, None]).astype(np.float32)], expected, "host model on ties")
+    level = "neon" if asymmetric else "dotprod"
+    _, runs = compiled_models(level, f"ties_{asymmetric}", model, (0,),
+                              make_inputs=lambda _: [x])
+    assert_exact(runs[0][0], expected, f"{level} on ties")
+
+
 # ------------------------------------------------------------------ dynamic-range nets
 def _net_params():
     from tvm_armq import zoo
@@ -243,7 +288,7 @@ def test_dynamic_range_net(name, level, compiled_models):
 
 
 @pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "dotprod") for lvl in LEVELS])
-def test_portable_library_runs_each_levels_hybrid_kernels(level, devices, tmp_path):
+def test_portable_library_runs_each_levels_hybrid_kernels(level, compiled_models, tmp_path):
     """One portable library of a dynamic-range net: every hybrid layer carries a kernel per
     level, and on each level's device it chooses that level and computes the model within
     the stated tolerance (its hybrid layers: the same kernels as a single-level build)."""
@@ -258,7 +303,7 @@ def test_portable_library_runs_each_levels_hybrid_kernels(level, devices, tmp_pa
                                 tmp_path / "portable.so")
     assert report and all(isinstance(r, Lowered) and len(r.variants) == len(LEVELS)
                           for r in report), [str(r) for r in report]
-    dm = build.DeviceModel(devices.session(level), lib)
+    dm = build.DeviceModel(compiled_models.session(level), lib)  # the module's session
     assert dm.selected_level() == level
     inputs = model.random_inputs(2)
     for i, (_, e, diff) in enumerate(output_pairs(dm(inputs), model.reference_outputs(inputs),
