@@ -119,6 +119,14 @@ Float models (fp32 TFLite, not quantized; for the opt-in bf16 precision, listed 
   fully_connected_f32     FULLY_CONNECTED 1x256 -> 1x16, bias, fused ReLU
   mobilenet_v1_0.25_f32   the float graph of mobilenet_v1_0.25 (same weights)
 
+Dynamic-range models (int8 weights, float32 activations: the converter's
+``Optimize.DEFAULT`` without a representative dataset; listed by ``dynamic_names()``):
+
+  resnet_block_dynamic    resnet_block's graph: hybrid CONV_2D and FULLY_CONNECTED where
+                          a weight has 1024 values or more, the rest float
+  bert_encoder_dynamic    bert_encoder's graph: hybrid FULLY_CONNECTED, float attention,
+                          LayerNorm, GELU
+
 The nets are built with ``classifier_activation=None``: an int8 SOFTMAX over 1000
 classes with random weights puts nearly every output at the zero point (-128), which
 makes output comparisons meaningless.
