@@ -89,11 +89,12 @@ class Data:
         return rows
 
 
-def by_model(rows: list[dict]) -> dict[str, dict[str, dict]]:
-    """model -> level -> row, models in the order of the rows (the files keep the zoo's)."""
+def by_model(rows: list[dict], key: str = "model") -> dict[str, dict[str, dict]]:
+    """model (or another field, ``key``) -> level -> row, in the order of the rows (the
+    files keep the zoo's)."""
     table: dict[str, dict[str, dict]] = {}
     for r in rows:
-        table.setdefault(r["model"], {})[r["isa"]] = r
+        table.setdefault(r[key], {})[r["isa"]] = r
     return table
 
 
@@ -241,12 +242,9 @@ def table_batch_matmul(data: Data) -> str:
     rows = data.need(rd.BATCH_MATMUL)
     version = rd.armperf_version(rows, "batch_matmul")
     levels = rd.levels()
-    per_case: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        per_case.setdefault(r["case"], {})[r["isa"]] = r
     body = [[case] + [f"{sci(field(per, lv, 'cycles'))} ({ratio(field(per, lv, 'over_floor'))})"
                       for lv in levels]
-            for case, per in per_case.items()]
+            for case, per in by_model(rows, "case").items()]
     return (markdown_table(["product", *levels], body) + "\n\n"
             f"armperf version {version}, one thread: estimated cycles of the kernel alone "
             "(scripts/bench_batch_matmul.py) and, in brackets, how many times its MAC floor "
@@ -259,12 +257,9 @@ def table_layers(data: Data) -> str:
     rows = data.need(rd.LAYERS)
     version = rd.armperf_version(rows, "layers")
     levels = rd.levels()
-    per_layer: dict[str, dict[str, dict]] = {}
-    for r in rows:
-        per_layer.setdefault(r["layer"], {})[r["isa"]] = r
     body = [[f"`{name}`", next(iter(per.values()))["shape"]]
             + [ratio(field(per, lv, "tflite_over_tvm_armq")) for lv in levels]
-            for name, per in per_layer.items()]
+            for name, per in by_model(rows, "layer").items()]
     models = sorted({m for r in rows for m in r["uses"]})
     totals = []
     for model in models:
