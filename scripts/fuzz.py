@@ -916,6 +916,7 @@ def batch_model(seed: int, indices, ops, chains):
 def run_batch(session, level: str, seed: int, indices, ops, chains, workdir: Path):
     """Compile cases ``indices`` as one model, run it, compare each case's output."""
     from tvm_armq import build, export
+    from tvm_armq.layer_diff import difference
     from tvm_armq.report import Fallback
 
     model, cases = batch_model(seed, indices, ops, chains)
@@ -936,9 +937,7 @@ def run_batch(session, level: str, seed: int, indices, ops, chains, workdir: Pat
     for case, g_, e in zip(cases, got, expected):
         alive = len(np.unique(e)) >= MIN_ALIVE_VALUES
         if g_.shape != e.shape or not np.array_equal(g_, e):
-            wide = np.float64 if e.dtype.kind == "f" else np.int64  # a float differs by less
-            diff = (np.abs(g_.astype(wide) - e.astype(wide)) if g_.shape == e.shape
-                    else None)
+            diff = difference(g_, e) if g_.shape == e.shape else None
             detail = (f"shape {g_.shape} != {e.shape}" if diff is None else
                       f"{int((diff > 0).sum())}/{diff.size} elements differ, up to "
                       f"{diff.max():g}")

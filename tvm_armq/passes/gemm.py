@@ -149,8 +149,9 @@ def layer_requant(layer: Layer):
     return mult.astype(np.int32), shift.astype(np.int32)
 
 
-def conv_window(layer: Layer) -> dict:
-    a = layer.conv_attrs
+def conv_window(a) -> dict:
+    """Strides, dilation and padding of a Relax conv2d's ``attrs``, as Conv2DShape takes
+    them."""
     return dict(strides=tuple(int(v) for v in a.strides),
                 dilation=tuple(int(v) for v in a.dilation),
                 padding=tuple(int(v) for v in a.padding))
@@ -179,7 +180,7 @@ def gemm_kernel(layer: Layer, label: str, opts: Options):
         b, h, w, c = in_shape
         kh, kw, _, n = layer.weight.shape
         shape = Conv2DShape(b, h, w, c, n, kh, kw, groups=int(layer.conv_attrs.groups),
-                            **conv_window(layer))
+                            **conv_window(layer.conv_attrs))
         w_hwio = layer.weight
     data = [(layer.x, (shape.batch, shape.in_h, shape.in_w, shape.in_c))]
     out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
@@ -283,7 +284,7 @@ def depthwise_kernel(layer: Layer, label: str, opts: Options):
 
     b, h, w, c = shape_of(layer.x)
     _, kh, kw, n = layer.weight.shape
-    shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **conv_window(layer))
+    shape = dw.DepthwiseShape(b, h, w, c, n // c, kh, kw, **conv_window(layer.conv_attrs))
     in_shape, out_shape = (b, h, w, c), (b, shape.out_h, shape.out_w, n)
     if opts.variants is None or not opts.schedule:
         func, name, consts = _depthwise_variant(layer, shape, opts.target, opts.schedule)

@@ -26,6 +26,7 @@ import numpy as np
 
 from ..frontend.converters import HYBRID_OPS, hybrid_scheme, operator_of
 from ..report import Lowered
+from .gemm import conv_window
 from .graph import Graph, NotInteger, dequantized_const, dtype_of, shape_of
 from .records import KernelCall, OpFamily, Options
 
@@ -111,9 +112,7 @@ def _shape(layer: HybridLayer):
     b, h, w, c = in_shape
     kh, kw, _, n = layer.weight.shape
     return Conv2DShape(b, h, w, c, n, kh, kw, groups=int(a.groups),
-                       strides=tuple(int(v) for v in a.strides),
-                       dilation=tuple(int(v) for v in a.dilation),
-                       padding=tuple(int(v) for v in a.padding)), layer.weight
+                       **conv_window(a)), layer.weight
 
 
 def _kernel(shape, target):
