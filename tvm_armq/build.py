@@ -169,10 +169,12 @@ def lower(mod, target, *, database=None, precision: str = "int8", report: list |
     A portable target's per-level GEMMs go to ``variants`` (``portable.Variants``), to be
     linked into the executable after that build."""
     from .passes import integer
+    from .passes.float_math import vectorized_float_math
 
     with target:
         mod = integer.quantized_to_integer(target, tuned_schedule=_tuned(database, target),
                                              report=report, variants=variants)(mod)
+        mod = vectorized_float_math()(mod)
         if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
             from .passes import bf16
 

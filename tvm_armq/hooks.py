@@ -4,7 +4,9 @@ TVM 0.27 compiles a Relax module for a CPU target with the pipeline registered a
 "default" in ``tvm.relax.pipeline`` (``tvm.compile`` looks it up by that name on every
 call). ``install()`` wraps that entry: for an aarch64 LLVM target the wrapped pipeline
 first runs ``passes.integer.quantized_to_integer`` (QDQ conv2d / depthwise / dense become
-tvm_armq kernel calls, the weights re-laid as constants), makes the kernel calls one
+tvm_armq kernel calls, the weights re-laid as constants), puts the float32 exp / tanh
+ops left (a dynamic-range model's) on vectorizable code (``passes.float_math``), makes the
+kernel calls one
 function (``passes.call_sequence``) and then runs TVM's own pipeline, unchanged. For any
 other target it is TVM's pipeline and nothing else, so x86, CUDA or a C-source build
 compile exactly as they would without tvm_armq.
@@ -70,9 +72,10 @@ def install() -> None:
                     "tvm_armq.compile_tflite(model, 'portable')")
             if applies_to(target):
                 from .passes import call_sequence
+                from .passes.float_math import vectorized_float_math
                 from .passes.integer import quantized_to_integer
 
-                mod = quantized_to_integer(target)(mod)
+                mod = vectorized_float_math()(quantized_to_integer(target)(mod))
                 mod = call_sequence.as_one_function(mod, target)
                 return call_sequence.keep_internal()(base(mod))
             return base(mod)

@@ -1,0 +1,353 @@
+"""Float32 exp and tanh that LLVM vectorizes, and the float ops built on them (GELU's tanh
+form, SOFTMAX): the float layers between a dynamic-range model's hybrid layers.
+
+Why: TVM lowers ``exp`` and ``tanh`` to calls of the C library's ``expf`` (``tanh`` as two
+of them), one element per call, and a loop holding a call is not vectorized. A BERT-style
+encoder with float activations then spends most of its time in those calls (GELU's tanh
+and SOFTMAX's exp). Here each is a short sequence of float multiplies, adds, a division and
+integer bit operations, which LLVM turns into NEON instructions four lanes at a time.
+
+The two approximations (the constants are published ones, named below):
+
+* ``exp(x)``: Cody and Waite's range reduction, x = n ln2 + r with n = round(x / ln2) and
+  r in [-ln2/2, ln2/2] (ln2 split in two constants, the first with few bits so that
+  n * LN2_HI is exact), exp(r) as 1 + r + r^2 P(r) with Cephes' degree-5 P, then the
+  exponent n put in the float's bits. Inputs below EXP_MIN give 0 (the true value is below
+  float32's normal range); inputs are capped at EXP_MAX (no layer here feeds exp a positive
+  number: SOFTMAX subtracts the row's maximum first).
+* ``tanh(x)``: the 13/6-degree odd/even rational function of Eigen's ``ptanh_float``, which
+  is what TFLite's own float GELU evaluates (Eigen's ``.tanh()``), for |x| up to TANH_CLAMP
+  (beyond it tanh is 1 in float32), and x itself below TANH_TINY.
+
+Their error against float64 is measured in ulps on the device by ``tests/test_float_math.py``
+(the bounds are ``EXP_ULPS`` and ``TANH_ULPS``), and what the difference from TFLite's
+reference kernels comes to in a whole model is in ``docs/exactness.md``.
+"""
+
+from __future__ import annotations
+
+FLOAT = "float32"
+VECTOR_LANES = 4  # float32 lanes of one NEON register
+
+LOG2E = 1.44269504088896341
+LN2_HI = 0.693359375  # 0x3f318000: 9 significant bits, so n * LN2_HI is exact for |n| < 2^15
+LN2_LO = -2.12194440e-4  # ln2 - LN2_HI
+EXP_POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2,
+            1.6666665459e-1, 5.0000001201e-1)  # Cephes expf: P(r), highest degree first
+EXP_MIN = -87.33654  # ln(2^-126): below it exp is not a normal float32
+EXP_MAX = 88.0  # n = round(EXP_MAX / ln2) = 127, the largest normal exponent
+EXP_ULPS = 2
+
+TANH_NUMERATOR = (-2.76076847742355e-16, 2.00018790482477e-13, -8.60467152213735e-11,
+                  5.12229709037114e-08, 1.48572235717979e-05, 6.37261928875436e-04,
+                  4.89352455891786e-03)  # odd: x * N(x^2), highest degree first
+TANH_DENOMINATOR = (1.19825839466702e-06, 1.18534705686654e-04, 2.26843463243900e-03,
+                    4.89352518554385e-03)  # even: D(x^2), highest degree first
+TANH_CLAMP = 7.99881172180175781  # where the rational function reaches 1
+TANH_TINY = 0.0004  # below it tanh(x) = x to float32's precision
+TANH_ULPS = 4
+
+GELU_SQRT_2_OVER_PI = 0.7978845608028654
+GELU_CUBIC = 0.044715
+
+FLOAT_BITS, MANTISSA_BITS, EXPONENT_BIAS = 32, 23, 127
+
+
+def _c(value):
+    from tvm import tirx
+
+    return tirx.const(value, FLOAT)
+
+
+def _horner(x, coefficients):
+    acc = _c(coefficients[0])
+    for coefficient in coefficients[1:]:
+        acc = acc * x + _c(coefficient)
+    return acc
+
+
+def exp(x):
+    """float32 e^x as a vectorizable expression of the float32 expression ``x``."""
+    from tvm import tirx
+
+    xc = tirx.min(tirx.max(x, _c(EXP_MIN)), _c(EXP_MAX))
+    n = tirx.floor(xc * _c(LOG2E) + _c(0.5))
+    r = (xc - n * _c(LN2_HI)) - n * _c(LN2_LO)
+    e_r = _horner(r, EXP_POLY) * (r * r) + r + _c(1.0)
+    bits = (n.astype("int32") + EXPONENT_BIAS) << MANTISSA_BITS
+    two_n = tirx.reinterpret(FLOAT, bits)
+    return tirx.Select(x < _c(EXP_MIN), _c(0.0), e_r * two_n)
+
+
+def tanh(x):
+    """float32 tanh(x) as a vectorizable expression of the float32 expression ``x``."""
+    from tvm import tirx
+
+    xc = tirx.min(tirx.max(x, _c(-TANH_CLAMP)), _c(TANH_CLAMP))
+    x2 = xc * xc
+    ratio = xc * _horner(x2, TANH_NUMERATOR) / _horner(x2, TANH_DENOMINATOR)
+    ratio = tirx.min(tirx.max(ratio, _c(-1.0)), _c(1.0))
+    return tirx.Select(tirx.abs(x) < _c(TANH_TINY), x, ratio)
+
+
+def gelu_tanh_te(data):
+    """GELU's tanh form, in the order of TFLite's reference:
+    0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."""
+    from tvm import te
+
+    def element(*i):
+        x = data(*i)
+        inner = _c(GELU_SQRT_2_OVER_PI) * (x + _c(GELU_CUBIC) * x * x * x)
+        return _c(0.5) * x * (_c(1.0) + tanh(inner))
+
+    return te.compute(data.shape, element, name="gelu_tanh")
+
+
+def exp_te(data):
+    from tvm import te
+
+    return te.compute(data.shape, lambda *i: exp(data(*i)), name="exp")
+
+
+def tanh_te(data):
+    from tvm import te
+
+    return te.compute(data.shape, lambda *i: tanh(data(*i)), name="tanh")
+
+
+def sigmoid_te(data):
+    """1 / (1 + e^-x), as e^x / (1 + e^x) for negative x (exp of a non-positive number
+    either way: no overflow, and the small values keep their precision)."""
+    from tvm import te, tirx
+
+    def element(*i):
+        x = data(*i)
+        e = exp(-tirx.abs(x))
+        return tirx.Select(x < _c(0.0), e / (_c(1.0) + e), _c(1.0) / (_c(1.0) + e))
+
+    return te.compute(data.shape, element, name="sigmoid")
+
+
+def softmax_te(data, axis: int):
+    """SOFTMAX over ``axis`` as TFLite's reference computes it: the row's maximum, each
+    e^(x - max), their sum, and each e^(x - max) / sum.
+
+    Over the last axis the maximum and the sum are taken REDUCE_LANES partial results at a
+    time (lane j takes elements j, j + REDUCE_LANES, ...: a vector instruction per step),
+    then across the lanes. The maximum is the same in any order; the sum is added in
+    another order than TFLite's one by one, which moves it by an ulp or so
+    (``tests/test_float_math.py`` models the order). Each e^(x - max) is then multiplied by
+    1 / sum, where TFLite divides it by the sum: two roundings for one, an ulp at most."""
+    from tvm import te
+
+    shape = [int(d) for d in data.shape]
+    axis = axis % len(shape)
+
+    def without_axis(i):
+        return i[:axis] + i[axis + 1:]
+
+    row_max = _row_reduce(te.max, data, axis, "row_max")
+    exps = te.compute(shape, lambda *i: exp(data(*i) - row_max(*without_axis(i))),
+                      name="exps")
+    total = _row_reduce(te.sum, exps, axis, "row_sum")
+    # one division per row, a multiply per element (TFLite divides each: an ulp apart)
+    inverse = te.compute(total.shape, lambda *i: _c(1.0) / total(*i), name="row_inverse")
+    return te.compute(shape, lambda *i: exps(*i) * inverse(*without_axis(i)),
+                      name="softmax")
+
+
+def mean_te(data):
+    """MEAN over the last axis (keeping it, of extent 1): the row's sum through
+    REDUCE_LANES partial sums (``_row_reduce``), divided by the row's length."""
+    from tvm import te
+
+    *rest, depth = (int(d) for d in data.shape)
+    total = _row_reduce(te.sum, data, len(rest), "row_sum")
+    return te.compute((*rest, 1), lambda *i: total(*i[:-1]) / _c(float(depth)), name="mean")
+
+
+REDUCE_LANES = 8  # partial maxima / sums per row: two NEON registers, two chains of adds
+SOFTMAX_PARTS = ("row_max_part", "row_sum_part")  # the stages the schedule vectorizes
+MEAN = "mean"
+
+
+def _row_reduce(kind, data, axis: int, name: str):
+    """``kind`` (te.max or te.sum) of ``data`` over ``axis``: over the last axis through
+    REDUCE_LANES partial results (``<name>_part``), over another one element by element."""
+    from tvm import te, tirx
+
+    shape = [int(d) for d in data.shape]
+    depth, rest = shape[axis], shape[:axis] + shape[axis + 1:]
+    if axis != len(shape) - 1:
+        k = te.reduce_axis((0, depth), f"{name}_k")
+        return te.compute(rest, lambda *i: kind(data(*i[:axis], k, *i[axis:]), axis=k),
+                          name=name)
+    identity = _c(0.0) if kind is te.sum else -tirx.max_value(FLOAT)
+    steps = -(-depth // REDUCE_LANES)
+    o = te.reduce_axis((0, steps), f"{name}_o")
+
+    def lane(*i):
+        *row, j = i
+        at = o * REDUCE_LANES + j
+        if depth % REDUCE_LANES == 0:
+            return kind(data(*row, at), axis=o)
+        return kind(tirx.Select(at < depth, data(*row, tirx.min(at, depth - 1)), identity),
+                    axis=o)
+
+    part = te.compute((*rest, REDUCE_LANES), lane, name=f"{name}_part")
+    j = te.reduce_axis((0, REDUCE_LANES), f"{name}_j")
+    return te.compute(rest, lambda *i: kind(part(*i, j), axis=j), name=name)
+
+
+ELEMENTWISE = {"exp": exp_te, "tanh": tanh_te, "sigmoid": sigmoid_te,
+               "gelu_tanh": gelu_tanh_te}
+"""The elementwise ops by name (the name their kernels have in a built module)."""
+SOFTMAX = "softmax"
+SOFTMAX_ELEMENTWISE = ("exps", "softmax")  # its stages with no reduction
+
+
+def func(op: str, shape, axis: int | None = None):
+    """The PrimFunc (data, output) of ``op`` (a name of ELEMENTWISE, SOFTMAX over ``axis``
+    or MEAN over the last axis) on float32 ``shape``, scheduled: every elementwise stage a
+    NEON register of results at a time along the last axis, the reductions over the last
+    axis a vector of partial results at a time."""
+    from tvm import s_tir, te
+
+    from .tir_util import largest_divisor
+
+    data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
+    if op == SOFTMAX:
+        out, stages = softmax_te(data, axis), SOFTMAX_ELEMENTWISE
+    elif op == MEAN:
+        out, stages, axis = mean_te(data), (), len(shape) - 1
+    else:
+        out = ELEMENTWISE[op](data)
+        stages = (out.op.name,)
+    sch = s_tir.Schedule(te.create_prim_func([data, out]))
+    if op in (SOFTMAX, MEAN) and axis % len(shape) == len(shape) - 1:
+        parts = SOFTMAX_PARTS if op == SOFTMAX else SOFTMAX_PARTS[1:]
+        for stage in parts:  # the steps outside, the lanes one vector inside
+            *_, lane, step = sch.get_loops(sch.get_sblock(stage))
+            sch.reorder(step, lane)
+            sch.vectorize(lane)
+    for stage in stages:
+        inner = sch.get_loops(sch.get_sblock(stage))[-1]
+        lanes = largest_divisor(sch.get(inner).extent.value, VECTOR_LANES)
+        if lanes > 1:
+            sch.vectorize(sch.split(inner, [None, lanes])[1])
+    return sch.mod["main"]
+
+
+# ----------------------------------------------------------------- float matmul
+MATMUL, MATMUL_SUMS = "matmul", "matmul_sums"
+MATMUL_ROWS = 4  # rows of A per tile: each a broadcast factor of the multiply-adds
+MATMUL_COLUMNS = 16  # columns of B per tile: four NEON registers of accumulators per row
+
+
+def matmul_te(a, b):
+    """C[..., i, j] = sum_k A[..., i, k] B[..., k, j] (the same leading dimensions), each
+    output's sum in k's order, as TFLite's reference BATCH_MATMUL adds it: the sums
+    (``MATMUL_SUMS``, which the schedule keeps in registers) and their copy out."""
+    from tvm import te
+
+    *batch, m, depth = (int(d) for d in a.shape)
+    n = int(b.shape[-1])
+    k = te.reduce_axis((0, depth), "k")
+    sums = te.compute((*batch, m, n), lambda *i: te.sum(
+        a(*i[:-1], k) * b(*i[:-2], k, i[-1]), axis=k), name=MATMUL_SUMS)
+    return te.compute(sums.shape, lambda *i: sums(*i), name=MATMUL)
+
+
+def matmul_func(a_shape, b_shape):
+    """The PrimFunc (A, B, C) of ``matmul_te``, scheduled in tiles of MATMUL_ROWS x
+    MATMUL_COLUMNS outputs held in registers over the whole of k: per k, one row of B's
+    tile (contiguous) and a multiply-add of it by each of the tile's A values. The copy out
+    runs after each tile's k loop, so buffer compaction shrinks the sums to one tile."""
+    from tvm import s_tir, te
+
+    from .tir_util import largest_divisor
+
+    a = te.placeholder(tuple(int(d) for d in a_shape), FLOAT, "A")
+    b = te.placeholder(tuple(int(d) for d in b_shape), FLOAT, "B")
+    sch = s_tir.Schedule(te.create_prim_func([a, b, matmul_te(a, b)]))
+    block = sch.get_sblock(MATMUL_SUMS)
+    *batch, i, j, k = sch.get_loops(block)
+    rows = largest_divisor(sch.get(i).extent.value, MATMUL_ROWS)
+    columns = largest_divisor(sch.get(j).extent.value, MATMUL_COLUMNS)
+    io, ii = sch.split(i, [None, rows])
+    jo, ji = sch.split(j, [None, columns])
+    sch.reorder(*batch, jo, io, k, ii, ji)
+    # one loop over the tiles: B's tile then depends on the loop's index, which keeps LLVM
+    # from hoisting all of B out of a loop over A's rows (and spilling it to the stack)
+    tiles = sch.fuse(*batch, jo, io)
+    sch.reverse_compute_at(sch.get_sblock(MATMUL), tiles)
+    sch.unroll(ii)
+    sch.vectorize(ji)
+    init = sch.decompose_reduction(block, k)
+    for stage in (init, sch.get_sblock(MATMUL)):
+        *_, tile_rows, tile_columns = sch.get_loops(stage)
+        sch.vectorize(tile_columns)
+        sch.unroll(tile_rows)
+    return sch.mod["main"]
+
+
+# ----------------------------------------------------------------- float conv2d
+CONV, CONV_SUMS = "conv2d", "conv2d_sums"
+
+
+def conv2d_te(data, weight, strides, padding, dilation):
+    """NHWC ``data`` by HWIO ``weight`` (one group), ``padding`` (top, left, bottom,
+    right) of zeros: each output's sum over (filter row, filter column, input channel) in
+    that order, as TFLite's reference CONV_2D adds it; the sums (``CONV_SUMS``) and their
+    copy out, as ``matmul_te``."""
+    from tvm import te, tirx
+
+    n, h, w, _ = (int(d) for d in data.shape)
+    kh, kw, ci, co = (int(d) for d in weight.shape)
+    (sh, sw), (dh, dw), (top, left, bottom, right) = strides, dilation, padding
+    oh = (h + top + bottom - dh * (kh - 1) - 1) // sh + 1
+    ow = (w + left + right - dw * (kw - 1) - 1) // sw + 1
+    ry, rx, rc = (te.reduce_axis((0, e), name) for e, name in ((kh, "ry"), (kw, "rx"),
+                                                                 (ci, "rc")))
+
+    def element(b, y, x, o):
+        iy, ix = y * sh + ry * dh - top, x * sw + rx * dw - left
+        inside = tirx.all(iy >= 0, iy < h, ix >= 0, ix < w)
+        pixel = data[b, tirx.max(tirx.min(iy, h - 1), 0), tirx.max(tirx.min(ix, w - 1), 0), rc]
+        return te.sum(tirx.Select(inside, pixel, _c(0.0)) * weight[ry, rx, rc, o],
+                      axis=[ry, rx, rc])
+
+    sums = te.compute((n, oh, ow, co), element, name=CONV_SUMS)
+    return te.compute(sums.shape, lambda *i: sums(*i), name=CONV)
+
+
+def conv2d_func(data_shape, weight_shape, strides, padding, dilation):
+    """The PrimFunc (data, weight, output) of ``conv2d_te``, scheduled as ``matmul_func``:
+    tiles of MATMUL_ROWS output pixels along a row by MATMUL_COLUMNS output channels, in
+    registers over the whole sum (a broadcast input value times a vector of the filter's
+    channels per step)."""
+    from tvm import s_tir, te
+
+    from .tir_util import largest_divisor
+
+    data = te.placeholder(tuple(int(d) for d in data_shape), FLOAT, "data")
+    weight = te.placeholder(tuple(int(d) for d in weight_shape), FLOAT, "weight")
+    out = conv2d_te(data, weight, strides, padding, dilation)
+    sch = s_tir.Schedule(te.create_prim_func([data, weight, out]))
+    block = sch.get_sblock(CONV_SUMS)
+    n, y, x, o, ry, rx, rc = sch.get_loops(block)
+    rows = largest_divisor(sch.get(x).extent.value, MATMUL_ROWS)
+    columns = largest_divisor(sch.get(o).extent.value, MATMUL_COLUMNS)
+    xo, xi = sch.split(x, [None, rows])
+    oo, oi = sch.split(o, [None, columns])
+    sch.reorder(n, y, oo, xo, ry, rx, rc, xi, oi)
+    tiles = sch.fuse(n, y, oo, xo)  # see matmul_func
+    sch.reverse_compute_at(sch.get_sblock(CONV), tiles)
+    sch.unroll(xi)
+    sch.vectorize(oi)
+    init = sch.decompose_reduction(block, ry)
+    for stage in (init, sch.get_sblock(CONV)):
+        *_, tile_rows, tile_columns = sch.get_loops(stage)
+        sch.vectorize(tile_columns)
+        sch.unroll(tile_rows)
+    return sch.mod["main"]

@@ -1,0 +1,178 @@
+"""The float32 exp and tanh of ``schedules/float_math.py``, and GELU / SOFTMAX / LOGISTIC
+built on them, run on the device: each within its stated ulps of the float64 value over the
+inputs its layers see, and none calling the C library (the loops are vector code).
+
+At one level in the fast tier (the code is the same NEON at every level) and at every level
+in the exhaustive one.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from armq_checks import tier
+
+from tvm_armq.schedules import float_math as fm
+from tvm_armq.targets import LEVELS
+
+pytestmark = pytest.mark.device
+
+F32 = np.float32
+
+
+def _inputs():
+    """Inputs per function: dense sweeps of the range each op's layers use, random points,
+    the clamps' edges and the tiny ones."""
+    rng = np.random.default_rng(7)
+    edges = [0.0, -0.0, fm.EXP_MIN, fm.EXP_MAX, fm.TANH_CLAMP, -fm.TANH_CLAMP, fm.TANH_TINY,
+             -fm.TANH_TINY, 1e-6, -1e-6, 1e-30, -100.0, 100.0]
+    exp_x = np.concatenate([np.linspace(-90, 0, 12001), np.linspace(0, 88, 4001),
+                            rng.uniform(-20, 0, 4000), edges])
+    tanh_x = np.concatenate([np.linspace(-10, 10, 16001), rng.standard_normal(4000) * 3,
+                             np.geomspace(1e-8, 1, 2000), -np.geomspace(1e-8, 1, 2000), edges])
+    whole = {"exp": exp_x.astype(F32), "tanh": tanh_x.astype(F32),
+             "sigmoid": tanh_x.astype(F32) * 4, "gelu_tanh": tanh_x.astype(F32)}
+    # rows of the vector's width (fm.VECTOR_LANES): the layers' last axes are
+    return {k: np.resize(v, (-(-v.size // 64), 64)) for k, v in whole.items()}
+
+
+def _ulps(got, exact):
+    """|got - exact| in units of the float32 spacing at ``exact`` (float64)."""
+    spacing = np.spacing(np.abs(exact).astype(F32)).astype(np.float64)
+    return np.abs(got.astype(np.float64) - exact) / spacing
+
+
+def _gelu64(x):
+    x = x.astype(np.float64)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+def _softmax64(x):
+    """SOFTMAX as the kernel computes it (the differences x - max in float32, as TFLite's
+    reference; the sum of the row's exponentials in float32, in REDUCE_LANES partial sums
+    and then across them), with each exponential and the division in float64: what is
+    left is the error of exp and of the multiply by 1 / sum (two roundings)."""
+    e = np.exp((x - x.max(axis=-1, keepdims=True)).astype(np.float64))
+    tail = -e.shape[-1] % fm.REDUCE_LANES  # the kernel's lanes past the row add zeros
+    padded = np.pad(e.astype(F32), [(0, 0)] * (e.ndim - 1) + [(0, tail)])
+    lanes = padded.reshape(*e.shape[:-1], -1, fm.REDUCE_LANES)
+    parts = np.add.accumulate(lanes, axis=-2, dtype=F32)[..., -1, :]
+    total = np.add.accumulate(parts, axis=-1, dtype=F32)[..., -1:]
+    return e / total.astype(np.float64)
+
+
+MATMULS = {"attention": ((1, 4, 32, 16), (1, 4, 16, 32)),  # whole tiles
+           "tails": ((2, 3, 7, 20), (2, 3, 20, 36))}  # rows and columns off the tile
+
+
+CONVS = {  # data, weight (HWIO), strides, padding (top, left, bottom, right), dilation
+    "stem": ((1, 32, 32, 3), (3, 3, 3, 16), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "strided": ((1, 15, 17, 8), (3, 3, 8, 12), (2, 2), (0, 1, 1, 0), (1, 1)),
+    "dilated": ((1, 12, 12, 5), (3, 3, 5, 7), (1, 1), (2, 2, 2, 2), (2, 2)),
+    "pointwise": ((2, 7, 9, 32), (1, 1, 32, 24), (1, 1), (0, 0, 0, 0), (1, 1)),
+}
+
+
+def _conv64(x, w, strides, padding, dilation):
+    """conv2d in float64 (and with |x|, |w|: the bound's sum), NHWC / HWIO."""
+    (sh, sw), (dh, dw), (top, left, bottom, right) = strides, dilation, padding
+    xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    kh, kw = w.shape[:2]
+    oh = (xp.shape[1] - dh * (kh - 1) - 1) // sh + 1
+    ow = (xp.shape[2] - dw * (kw - 1) - 1) // sw + 1
+    out = np.zeros((x.shape[0], oh, ow, w.shape[3]))
+    for i in range(kh):
+        for j in range(kw):
+            win = xp[:, i * dh:i * dh + sh * (oh - 1) + 1:sh, j * dw:j * dw + sw * (ow - 1) + 1:sw]
+            out += win @ w[i, j].astype(np.float64)
+    return out
+
+
+TAIL_ROWS = (6, 37)  # SOFTMAX rows that are not whole vectors
+
+
+def _funcs(inputs, rows):
+    """The scheduled PrimFuncs (name -> func) of each op over its inputs, of SOFTMAX over
+    ``rows`` and of each MATMULS case."""
+    funcs = {name: fm.func(name, x.shape) for name, x in inputs.items()}
+    funcs[fm.SOFTMAX] = fm.func(fm.SOFTMAX, rows.shape, -1)
+    funcs["softmax_tail"] = fm.func(fm.SOFTMAX, TAIL_ROWS, -1)
+    funcs[fm.MEAN] = fm.func(fm.MEAN, TAIL_ROWS)
+    for name, (a, b) in MATMULS.items():
+        funcs[f"matmul_{name}"] = fm.matmul_func(a, b)
+    for name, case in CONVS.items():
+        funcs[f"conv2d_{name}"] = fm.conv2d_func(*case)
+    return funcs
+
+
+@pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "neon") for lvl in LEVELS])
+def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report):
+    inputs = _inputs()
+    # attention's rows: scores of a few magnitudes, one row with a single dominant entry
+    rng = np.random.default_rng(3)
+    rows = (rng.standard_normal((24, 64)) * np.repeat([0.5, 3, 12], 8)[:, None]).astype(F32)
+    rows[0, 5] = 80.0
+    funcs = _funcs(inputs, rows)
+    calls = [(name, [x], x.shape, "float32") for name, x in inputs.items()]
+    calls.append(("softmax", [rows], rows.shape, "float32"))
+    tail_rows = (rng.standard_normal(TAIL_ROWS) * 4).astype(F32)
+    calls.append(("softmax_tail", [tail_rows], TAIL_ROWS, "float32"))
+    calls.append((fm.MEAN, [tail_rows], (TAIL_ROWS[0], 1), "float32"))
+    operands = {}
+    for name, (a, b) in MATMULS.items():
+        operands[name] = [rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)]
+        calls.append((f"matmul_{name}", operands[name], (*a[:-1], b[-1]), "float32"))
+    for name, (x, w, *conv) in CONVS.items():
+        operands[f"conv2d_{name}"] = [rng.standard_normal(x).astype(F32),
+                                     rng.standard_normal(w).astype(F32), conv]
+        shape = _conv64(np.zeros(x), np.zeros(w), *conv).shape
+        calls.append((f"conv2d_{name}", operands[f"conv2d_{name}"][:2], shape, "float32"))
+    asm, outs = run_funcs(level, funcs, calls, tmp_path / "float_math.so")
+    got = dict(zip([c[0] for c in calls], outs))
+    for name in got:
+        assert np.all(np.isfinite(got[name])), name
+    x = inputs["exp"]
+    exact = np.exp(x.astype(np.float64))
+    normal = (x >= fm.EXP_MIN) & (x <= fm.EXP_MAX)
+    worst = {"exp": _ulps(got["exp"][normal], exact[normal]).max()}
+    assert np.all(got["exp"][x < fm.EXP_MIN] == 0)
+    x = inputs["tanh"]
+    worst["tanh"] = _ulps(got["tanh"], np.tanh(x.astype(np.float64))).max()
+    assert np.all(np.abs(got["tanh"]) <= 1)
+    x = inputs["sigmoid"]
+    worst["sigmoid"] = _ulps(got["sigmoid"], 1 / (1 + np.exp(-x.astype(np.float64)))).max()
+    # GELU: the tanh's error, scaled by 0.5 |x|, on top of the float32 products around it
+    x = inputs["gelu_tanh"]
+    err = np.abs(got["gelu_tanh"].astype(np.float64) - _gelu64(x))
+    bound = (fm.TANH_ULPS + 2) * np.spacing(F32(1)) * 0.5 * np.abs(x) + np.spacing(
+        np.abs(_gelu64(x)).astype(F32))
+    assert np.all(err <= bound), float(np.max(err / bound))
+    worst["softmax"] = max(_ulps(got["softmax"], _softmax64(rows)).max(),
+                           _ulps(got["softmax_tail"], _softmax64(tail_rows)).max())
+    # MEAN: a float32 sum of the row (within n eps/2 of its magnitude), then one division
+    exact = tail_rows.astype(np.float64).mean(-1, keepdims=True)
+    bound = (TAIL_ROWS[1] + 1) * np.spacing(F32(1)) / 2 * np.abs(tail_rows).mean(-1, keepdims=True)
+    assert np.all(np.abs(got[fm.MEAN] - exact) <= bound), "mean"
+    # a float32 sum of k products in any order is within k * eps/2 * sum |a b| of the exact
+    for name, (a, b, *conv) in operands.items():
+        if conv:
+            exact, magnitude = _conv64(a, b, *conv[0]), _conv64(np.abs(a), np.abs(b), *conv[0])
+            depth = b[..., 0].size
+        else:
+            exact, magnitude = np.matmul(a.astype(np.float64), b), np.matmul(np.abs(a), np.abs(b))
+            depth, name = a.shape[-1], f"matmul_{name}"
+        err = np.abs(got[name] - exact)
+        assert np.all(err <= depth * np.spacing(F32(1)) / 2 * magnitude), name
+    limits = {"exp": fm.EXP_ULPS, "tanh": fm.TANH_ULPS, "sigmoid": fm.EXP_ULPS + 2,
+              "softmax": 2 * fm.EXP_ULPS + 2}
+    for name, limit in limits.items():
+        assert worst[name] <= limit, f"{name} at {level}: {worst[name]:.2f} ulps > {limit}"
+    assert got["softmax"][0, 5] > 0.99 and np.allclose(got["softmax"].sum(-1), 1, atol=1e-5)
+    # vector code, and no call of the C library's exp / tanh
+    called = set(re.findall(r"\tbl\t(\w+)", asm))
+    assert not called & {"expf", "tanhf", "exp", "tanh"}, called
+    assert "frintm\tv" in asm and "fdiv\tv" in asm
+    report(f"float_math {level:8s} worst ulps: " + ", ".join(
+        f"{k} {v:.2f}" for k, v in worst.items()))
