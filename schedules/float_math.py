@@ -51,6 +51,7 @@ GELU_SQRT_2_OVER_PI = 0.7978845608028654
 GELU_CUBIC = 0.044715
 
 FLOAT_BITS, MANTISSA_BITS, EXPONENT_BIAS = 32, 23, 127
+ROUNDING_BIAS = 1.5 * 2 ** MANTISSA_BITS  # 0x4b400000: its low 22 bits are zero
 RECIPROCAL_STEPS = 2  # Newton-Raphson steps from FRECPE's 8 bits: 16, then 24 (float32's)
 
 
@@ -65,6 +66,12 @@ def _horner(x, coefficients):
     for coefficient in coefficients[1:]:
         acc = acc * x + _c(coefficient)
     return acc
+
+
+def _fence(value):
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(FLOAT, "llvm.arithmetic.fence", value)
 
 
 def _reciprocal(q):
@@ -88,22 +95,34 @@ def exp(x):
     from tvm import tirx
 
     xc = tirx.min(tirx.max(x, _c(EXP_MIN)), _c(EXP_MAX))
-    n = tirx.floor(xc * _c(LOG2E) + _c(0.5))
+    # n = round(x / ln2): adding ROUNDING_BIAS leaves n in the low bits of the sum's
+    # mantissa, and taking it away again gives n as a float (no FRINT, no conversion)
+    # (fenced: LLVM would fold (y + b) - b to y)
+    biased = _fence(xc * _c(LOG2E) + _c(ROUNDING_BIAS))
+    n = biased - _c(ROUNDING_BIAS)
     r = (xc - n * _c(LN2_HI)) - n * _c(LN2_LO)
     e_r = _horner(r, EXP_POLY) * (r * r) + r + _c(1.0)
-    bits = (n.astype("int32") + EXPONENT_BIAS) << MANTISSA_BITS
+    # 2^n: n + 127 into the exponent field (the bias's own bits shift out past bit 31)
+    bits = (tirx.reinterpret("int32", biased) + EXPONENT_BIAS) << MANTISSA_BITS
     two_n = tirx.reinterpret(FLOAT, bits)
     return tirx.Select(x < _c(EXP_MIN), _c(0.0), e_r * two_n)
+
+
+def _tanh_rational(x):
+    """The rational function of ``x`` clamped to +-TANH_CLAMP: tanh(x) within TANH_ULPS
+    but for tiny x (TANH_TINY), and possibly an ulp past +-1 near the clamp."""
+    from tvm import tirx
+
+    xc = tirx.min(tirx.max(x, _c(-TANH_CLAMP)), _c(TANH_CLAMP))
+    x2 = xc * xc
+    return xc * _horner(x2, TANH_NUMERATOR) * _reciprocal(_horner(x2, TANH_DENOMINATOR))
 
 
 def tanh(x):
     """float32 tanh(x) as a vectorizable expression of the float32 expression ``x``."""
     from tvm import tirx
 
-    xc = tirx.min(tirx.max(x, _c(-TANH_CLAMP)), _c(TANH_CLAMP))
-    x2 = xc * xc
-    ratio = xc * _horner(x2, TANH_NUMERATOR) * _reciprocal(_horner(x2, TANH_DENOMINATOR))
-    ratio = tirx.min(tirx.max(ratio, _c(-1.0)), _c(1.0))
+    ratio = tirx.min(tirx.max(_tanh_rational(x), _c(-1.0)), _c(1.0))
     return tirx.Select(tirx.abs(x) < _c(TANH_TINY), x, ratio)
 
 
@@ -115,7 +134,9 @@ def gelu_tanh_te(data):
     def element(*i):
         x = data(*i)
         inner = _c(GELU_SQRT_2_OVER_PI) * (x + _c(GELU_CUBIC) * x * x * x)
-        return _c(0.5) * x * (_c(1.0) + tanh(inner))
+        # 1 + tanh needs neither tanh's tiny-x case nor its bound at 1 (an ulp past it
+        # stays within the sum's rounding)
+        return _c(0.5) * x * (_c(1.0) + _tanh_rational(inner))
 
     return te.compute(data.shape, element, name="gelu_tanh")
 

@@ -50,6 +50,7 @@ PARAMS = 3
 FLOAT = "float32"
 QUANTIZE_LANES = 16  # int8 lanes of one NEON register: data_q is stored a register at a time
 REDUCE_LANES = 16  # float32 partial minima / maxima per group: four NEON registers
+FOLDED_LANES = 4  # the lanes left once the partial results are folded in halves
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,13 +87,14 @@ def params_te(data, scheme: HybridScheme):
 
     The min and max are reduced REDUCE_LANES at a time into a row of partial results
     (``q_min_part``: lane j takes elements j, j + REDUCE_LANES, ...; a NEON vector
-    instruction per step), then across that row."""
+    instruction per step), that row folded in halves down to FOLDED_LANES
+    (``q_min_fold8``, ``q_min_fold4``), then across those."""
     from tvm import te, tirx
 
     B, L = (int(d) for d in data.shape)
     steps = ceil_div(L, REDUCE_LANES)
 
-    def reduce(kind, name, identity):
+    def reduce(kind, fold, name, identity):
         o = te.reduce_axis((0, steps), f"{name}_o")
 
         def lane(b, j):
@@ -102,11 +104,20 @@ def params_te(data, scheme: HybridScheme):
             return kind(value, axis=o)
 
         part = te.compute((B, REDUCE_LANES), lane, name=f"{name}_part")
-        j = te.reduce_axis((0, REDUCE_LANES), f"{name}_j")
+        # across the lanes: halves folded onto each other (a vector instruction each) down
+        # to FOLDED_LANES, then those one by one (min and max: the same in any order)
+        def folded(p, w):
+            return te.compute((B, w), lambda b, i: fold(p[b, i], p[b, i + w]),
+                              name=f"{name}_fold{w}")
+
+        for width in _fold_widths():
+            part = folded(part, width)
+        j = te.reduce_axis((0, FOLDED_LANES), f"{name}_j")
         return te.compute((B,), lambda b: kind(part[b, j], axis=j), name=name)
 
     big = tirx.max_value(FLOAT)
-    mn, mx = reduce(te.min, "q_min", big), reduce(te.max, "q_max", -big)
+    mn = reduce(te.min, tirx.min, "q_min", big)
+    mx = reduce(te.max, tirx.max, "q_max", -big)
     f32, f64 = (lambda v: tirx.const(v, FLOAT)), (lambda v: tirx.const(v, "float64"))
     if not scheme.asymmetric:
         top = f32(HYBRID_SYMMETRIC_MAX)
@@ -164,6 +175,15 @@ def quantize_te(data, params, scheme: HybridScheme):
     return te.compute(data.shape, quantized, name=QUANTIZE_STAGE)
 
 
+def _fold_widths():
+    """The widths of the partial results' folds, REDUCE_LANES / 2 down to FOLDED_LANES."""
+    width, widths = REDUCE_LANES // 2, []
+    while width >= FOLDED_LANES:
+        widths.append(width)
+        width //= 2
+    return widths
+
+
 def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True):
     """The quantization parameters of ``groups`` float32 groups of ``length`` elements
     each as a PrimFunc (data [groups, length], q_params): the min and the max a NEON vector
@@ -176,11 +196,19 @@ def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True
     if not schedule:
         return func
     sch = s_tir.Schedule(func)
-    for name in ("q_min_part", "q_max_part"):
-        block = sch.get_sblock(name)
-        _, lane, step = sch.get_loops(block)
-        sch.reorder(step, lane)  # the steps outside: each one a vector over the lanes
+    for name in ("q_min", "q_max"):
+        # each group's partial results computed and folded inside the group's loop: one
+        # group's worth of them at a time, in registers (all groups' would be a buffer)
+        group = sch.get_loops(sch.get_sblock(name))[0]
+        stages = [f"{name}_part"] + [f"{name}_fold{w}" for w in _fold_widths()]
+        for stage in reversed(stages):
+            sch.compute_at(sch.get_sblock(stage), group)
+        lane, *step = sch.get_loops(sch.get_sblock(stages[0]))[1:]  # (a step: no loop)
+        if step:
+            sch.reorder(step[0], lane)  # the steps outside: each one a vector of the lanes
         sch.vectorize(lane)
+        for stage in stages[1:]:
+            sch.vectorize(sch.get_loops(sch.get_sblock(stage))[-1])
     return sch.mod["main"]
 
 
