@@ -3,7 +3,8 @@ built on them, run on the device: each within its stated ulps of the float64 val
 inputs its layers see, and none calling the C library (the loops are vector code).
 
 At one level in the fast tier (the code is the same NEON at every level) and at every level
-in the exhaustive one.
+in the exhaustive one; and on the host, that a dynamic-range net's float layers are these
+kernels once tvm_armq's passes have run.
 """
 
 from __future__ import annotations
@@ -16,8 +17,6 @@ from armq_checks import tier
 
 from tvm_armq.schedules import float_math as fm
 from tvm_armq.targets import LEVELS
-
-pytestmark = pytest.mark.device
 
 F32 = np.float32
 
@@ -107,6 +106,7 @@ def _funcs(inputs, rows):
     return funcs
 
 
+@pytest.mark.device
 @pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "neon") for lvl in LEVELS])
 def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report):
     inputs = _inputs()
@@ -167,7 +167,6 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
         assert np.all(err <= depth * np.spacing(F32(1)) / 2 * magnitude), name
     limits = {"exp": fm.EXP_ULPS, "tanh": fm.TANH_ULPS, "sigmoid": fm.EXP_ULPS + 2,
               "softmax": 2 * fm.EXP_ULPS + 2}
-    print(worst)
     for name, limit in limits.items():
         assert worst[name] <= limit, f"{name} at {level}: {worst[name]:.2f} ulps > {limit}"
     assert got["softmax"][0, 5] > 0.99 and np.allclose(got["softmax"].sum(-1), 1, atol=1e-5)
@@ -177,3 +176,36 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
     assert "frecpe\tv" in asm and "fmla\tv" in asm
     report(f"float_math {level:8s} worst ulps: " + ", ".join(
         f"{k} {v:.2f}" for k, v in worst.items()))
+
+
+@pytest.mark.parametrize("name", ["bert_encoder_dynamic", "resnet_block_dynamic"])
+def test_dynamic_range_nets_float_layers_are_these_kernels(name, zoo_model):
+    """After tvm_armq's passes a dynamic-range net's float SOFTMAX, GELU, MEAN, attention
+    products and float convolutions are calls of these kernels, each named in the naming
+    grammar; no float op that TVM would lower to a libm call or an unscheduled loop nest of
+    products is left."""
+    import tvm
+
+    from tvm_armq import build, targets
+    from tvm_armq.frontend import importer
+    from tvm_armq.intrinsics import names
+    from tvm_armq.passes.float_math import FLOAT
+
+    mod = build.lower(importer.import_tflite(zoo_model(name)), targets.resolve("dotprod"))
+    left = []
+
+    def visit(expr):
+        if isinstance(expr, tvm.relax.Call) and getattr(expr.op, "name", "") in (
+                "relax.exp", "relax.tanh", "relax.sigmoid", "relax.nn.softmax",
+                "relax.nn.gelu_tanh", "relax.matmul", "relax.nn.conv2d") and \
+                str(expr.ty.dtype) == FLOAT:
+            left.append(expr.op.name)
+
+    tvm.relax.analysis.post_order_visit(mod["main"], visit)
+    assert not left, left
+    kernels = {gv.name_hint: f.attrs["tvm_armq.kernel"] for gv, f in mod.functions_items()
+               if gv.name_hint.startswith("tvm_armq_float_")}
+    assert kernels and all(names.NAME_RE.match(k) for k in kernels.values()), kernels
+    want = ({"softmax_f32_neon", "gelu_tanh_f32_neon", "mean_f32_neon"}
+            if name.startswith("bert") else {"conv2d_f32f32f32_4x16x1_neon"})
+    assert want <= set(kernels.values()), kernels

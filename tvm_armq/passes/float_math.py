@@ -11,6 +11,7 @@ pipeline then legalizes, fuses and builds like any other; other dtypes are left 
 
 from __future__ import annotations
 
+from ..intrinsics import names
 from ..schedules import float_math
 
 FLOAT = "float32"
@@ -18,6 +19,13 @@ _OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.sigmoid": "sigmoid",
         "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.softmax": float_math.SOFTMAX,
         "relax.mean": float_math.MEAN}
 OPAQUE = 8  # relax's OpPatternKind kOpaque: FuseOps leaves a scheduled kernel whole
+
+
+def _tile_name(op: str) -> str:
+    """A register-tiled float kernel's name: ``matmul_f32f32f32_4x16x1_neon`` (A, B and
+    the sums float32; MATMUL_ROWS x MATMUL_COLUMNS outputs, one k at a time)."""
+    return names.kernel_name(op, (FLOAT,) * 3, "neon",
+                             shape=(float_math.MATMUL_ROWS, float_math.MATMUL_COLUMNS, 1))
 
 
 def vectorized_float_math():
@@ -49,11 +57,17 @@ def vectorized_float_math():
                 if shape is None or not call.attrs.keepdims or \
                         [a % len(shape) for a in axes] != [len(shape) - 1]:
                     return call
-            func = float_math.func(name, shape, axis).with_attr("op_pattern", OPAQUE)
-            gvar = self.builder_.add_func(func.without_attr("global_symbol"),
-                                          f"tvm_armq_float_{name}")
+            gvar = self._add_kernel(float_math.func(name, shape, axis), name,
+                                    names.elementwise_name(name, FLOAT))
             out_shape = [int(d) for d in ty.shape]
             return relax.op.call_tir(gvar, [call.args[0]], relax.TensorType(out_shape, FLOAT))
+
+        def _add_kernel(self, func, op: str, kernel: str):
+            """``func`` in the module as ``tvm_armq_float_<op>``, named ``kernel`` (the
+            naming grammar's) for the per-layer tables, and opaque to FuseOps."""
+            func = func.without_attr("global_symbol").with_attrs({
+                "op_pattern": OPAQUE, "tvm_armq.kernel": kernel, "tvm_armq.layer_op": op})
+            return self.builder_.add_func(func, f"tvm_armq_float_{op}")
 
         def _matmul(self, original, call):
             """A float32 matmul of two operands with the same leading dimensions (attention's
@@ -67,9 +81,8 @@ def vectorized_float_math():
             if len(a_shape) < 2 or len(a_shape) != len(b_shape) or \
                     a_shape[:-2] != b_shape[:-2] or a_shape[-1] != b_shape[-2]:
                 return call
-            func = float_math.matmul_func(a_shape, b_shape).with_attr("op_pattern", OPAQUE)
-            gvar = self.builder_.add_func(func.without_attr("global_symbol"),
-                                          "tvm_armq_float_matmul")
+            gvar = self._add_kernel(float_math.matmul_func(a_shape, b_shape), "matmul",
+                                    _tile_name("matmul"))
             return relax.op.call_tir(gvar, list(call.args), relax.TensorType(out_shape, FLOAT))
 
         def _conv2d(self, original, call):
@@ -87,9 +100,7 @@ def vectorized_float_math():
             func = float_math.conv2d_func(
                 data_shape, weight_shape, [int(v) for v in a.strides],
                 [int(v) for v in a.padding], [int(v) for v in a.dilation])
-            gvar = self.builder_.add_func(
-                func.with_attr("op_pattern", OPAQUE).without_attr("global_symbol"),
-                "tvm_armq_float_conv2d")
+            gvar = self._add_kernel(func, "conv2d", _tile_name("conv2d"))
             return relax.op.call_tir(gvar, list(call.args), relax.TensorType(out_shape, FLOAT))
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.vectorized_float_math")
