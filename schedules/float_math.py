@@ -205,6 +205,39 @@ def mean_te(data):
     return te.compute((*rest, 1), lambda *i: total(*i[:-1]) / _c(float(depth)), name="mean")
 
 
+def spatial_mean_te(data, keepdims: bool):
+    """MEAN of NHWC ``data`` over H and W (a global average pool): each channel's sum in
+    the pixels' order (TFLite's), divided by their number. The channels are the vector."""
+    from tvm import te
+
+    n, h, w, c = (int(d) for d in data.shape)
+    ry, rx = te.reduce_axis((0, h), "ry"), te.reduce_axis((0, w), "rx")
+    total = te.compute((n, c), lambda b, ch: te.sum(data[b, ry, rx, ch], axis=[ry, rx]),
+                       name="pixel_sum")
+    shape = (n, 1, 1, c) if keepdims else (n, c)
+    return te.compute(shape, lambda *i: total(i[0], i[-1]) / _c(float(h * w)),
+                      name="spatial_mean")
+
+
+def spatial_mean_func(shape, keepdims: bool):
+    """The PrimFunc (data, output) of ``spatial_mean_te``: the channels VECTOR_LANES at a
+    time inside the loops over the pixels."""
+    from tvm import s_tir, te
+
+    from .tir_util import largest_divisor
+
+    data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
+    sch = s_tir.Schedule(te.create_prim_func([data, spatial_mean_te(data, keepdims)]))
+    block = sch.get_sblock("pixel_sum")
+    b, ch, ry, rx = sch.get_loops(block)
+    lanes = largest_divisor(sch.get(ch).extent.value, 4 * VECTOR_LANES)
+    outer, inner = sch.split(ch, [None, lanes])
+    sch.reorder(b, outer, ry, rx, inner)
+    sch.vectorize(inner)
+    sch.decompose_reduction(block, ry)
+    return sch.mod["main"]
+
+
 REDUCE_LANES = 8  # partial maxima / sums per row: two NEON registers, two chains of adds
 SOFTMAX_PARTS = ("row_max_part", "row_sum_part")  # the stages the schedule vectorizes
 MEAN = "mean"
@@ -277,16 +310,61 @@ def func(op: str, shape, axis: int | None = None):
     return sch.mod["main"]
 
 
+# ------------------------------------------------- epilogues of the tiled kernels
+EPILOGUE_OPS = ("add", "multiply", "relu", "clip")
+"""What a tiled kernel (matmul, conv2d) applies to each sum as it copies it out, in order:
+``("add" | "multiply", values)`` with float32 ``values`` one per output channel (the last
+axis) or one for all, ``("relu", None)``, ``("clip", (lo, hi))``: a layer's bias, a
+constant scale, its fused activation, in the order the model's ops apply them."""
+
+
+def _epilogue(sums, epilogue):
+    """The copy out of ``sums`` with ``epilogue`` applied (the last TE stage of a tiled
+    kernel, named ``name``), and the placeholders of its constants (the kernel's
+    parameters after its operands)."""
+    from tvm import te, tirx
+
+    consts = []
+    for k, (op, value) in enumerate(epilogue):
+        if op not in EPILOGUE_OPS:
+            raise ValueError(f"a tiled kernel's epilogue has no op {op!r}")
+        if op in ("add", "multiply"):
+            consts.append(te.placeholder((len(value),), FLOAT, f"epilogue{k}"))
+
+    def element(*i):
+        v, const = sums(*i), iter(consts)
+        for op, value in epilogue:
+            if op in ("add", "multiply"):
+                c = next(const)
+                c = c[i[-1]] if len(value) > 1 else c[0]
+                v = v + c if op == "add" else v * c
+            elif op == "relu":
+                v = tirx.max(v, _c(0.0))
+            else:
+                v = tirx.min(tirx.max(v, _c(value[0])), _c(value[1]))
+        return v
+
+    return element, consts
+
+
+def epilogue_constants(epilogue):
+    """The arrays a tiled kernel with ``epilogue`` takes after its operands, in order."""
+    import numpy as np
+
+    return [np.asarray(value, "float32") for op, value in epilogue if op in ("add", "multiply")]
+
+
 # ----------------------------------------------------------------- float matmul
 MATMUL, MATMUL_SUMS = "matmul", "matmul_sums"
 MATMUL_ROWS = 4  # rows of A per tile: each a broadcast factor of the multiply-adds
 MATMUL_COLUMNS = 16  # columns of B per tile: four NEON registers of accumulators per row
 
 
-def matmul_te(a, b):
+def matmul_te(a, b, epilogue=()):
     """C[..., i, j] = sum_k A[..., i, k] B[..., k, j] (the same leading dimensions), each
     output's sum in k's order, as TFLite's reference BATCH_MATMUL adds it: the sums
-    (``MATMUL_SUMS``, which the schedule keeps in registers) and their copy out."""
+    (``MATMUL_SUMS``, which the schedule keeps in registers) and their copy out through
+    ``epilogue``. Returns (C, the epilogue's constant placeholders)."""
     from tvm import te
 
     *batch, m, depth = (int(d) for d in a.shape)
@@ -294,10 +372,11 @@ def matmul_te(a, b):
     k = te.reduce_axis((0, depth), "k")
     sums = te.compute((*batch, m, n), lambda *i: te.sum(
         a(*i[:-1], k) * b(*i[:-2], k, i[-1]), axis=k), name=MATMUL_SUMS)
-    return te.compute(sums.shape, lambda *i: sums(*i), name=MATMUL)
+    element, consts = _epilogue(sums, epilogue)
+    return te.compute(sums.shape, element, name=MATMUL), consts
 
 
-def matmul_func(a_shape, b_shape):
+def matmul_func(a_shape, b_shape, epilogue=()):
     """The PrimFunc (A, B, C) of ``matmul_te``, scheduled in tiles of MATMUL_ROWS x
     MATMUL_COLUMNS outputs held in registers over the whole of k: per k, one row of B's
     tile (contiguous) and a multiply-add of it by each of the tile's A values. The copy out
@@ -308,7 +387,8 @@ def matmul_func(a_shape, b_shape):
 
     a = te.placeholder(tuple(int(d) for d in a_shape), FLOAT, "A")
     b = te.placeholder(tuple(int(d) for d in b_shape), FLOAT, "B")
-    sch = s_tir.Schedule(te.create_prim_func([a, b, matmul_te(a, b)]))
+    out, consts = matmul_te(a, b, epilogue)
+    sch = s_tir.Schedule(te.create_prim_func([a, b, *consts, out]))
     block = sch.get_sblock(MATMUL_SUMS)
     *batch, i, j, k = sch.get_loops(block)
     rows = largest_divisor(sch.get(i).extent.value, MATMUL_ROWS)
@@ -334,7 +414,7 @@ def matmul_func(a_shape, b_shape):
 CONV, CONV_SUMS, PADDED = "conv2d", "conv2d_sums", "conv2d_padded"
 
 
-def conv2d_te(data, weight, strides, padding, dilation):
+def conv2d_te(data, weight, strides, padding, dilation, epilogue=()):
     """NHWC ``data`` by HWIO ``weight`` (one group), ``padding`` (top, left, bottom,
     right) of zeros (a padded copy of the input, ``PADDED``, where there is any): each output's sum over (filter row, filter column, input channel) in
     that order, as TFLite's reference CONV_2D adds it; the sums (``CONV_SUMS``) and their
@@ -363,10 +443,11 @@ def conv2d_te(data, weight, strides, padding, dilation):
                       axis=[ry, rx, rc])
 
     sums = te.compute((n, oh, ow, co), element, name=CONV_SUMS)
-    return te.compute(sums.shape, lambda *i: sums(*i), name=CONV)
+    copy, consts = _epilogue(sums, epilogue)
+    return te.compute(sums.shape, copy, name=CONV), consts
 
 
-def conv2d_func(data_shape, weight_shape, strides, padding, dilation):
+def conv2d_func(data_shape, weight_shape, strides, padding, dilation, epilogue=()):
     """The PrimFunc (data, weight, output) of ``conv2d_te``, scheduled as ``matmul_func``:
     tiles of MATMUL_ROWS output pixels along a row by MATMUL_COLUMNS output channels, in
     registers over the whole sum (a broadcast input value times a vector of the filter's
@@ -377,8 +458,8 @@ def conv2d_func(data_shape, weight_shape, strides, padding, dilation):
 
     data = te.placeholder(tuple(int(d) for d in data_shape), FLOAT, "data")
     weight = te.placeholder(tuple(int(d) for d in weight_shape), FLOAT, "weight")
-    out = conv2d_te(data, weight, strides, padding, dilation)
-    sch = s_tir.Schedule(te.create_prim_func([data, weight, out]))
+    out, consts = conv2d_te(data, weight, strides, padding, dilation, epilogue)
+    sch = s_tir.Schedule(te.create_prim_func([data, weight, *consts, out]))
     block = sch.get_sblock(CONV_SUMS)
     n, y, x, o, ry, rx, rc = sch.get_loops(block)
     rows = largest_divisor(sch.get(x).extent.value, MATMUL_ROWS)

@@ -63,11 +63,31 @@ def _softmax64(x):
 
 
 MATMULS = {"attention": ((1, 4, 32, 16), (1, 4, 16, 32)),  # whole tiles
-           "tails": ((2, 3, 7, 20), (2, 3, 20, 36))}  # rows and columns off the tile
+           "tails": ((2, 3, 7, 20), (2, 3, 20, 36)),  # rows and columns off the tile
+           "scaled": ((1, 4, 32, 16), (1, 4, 16, 32))}
+# the tiled kernels' epilogues (float_math.EPILOGUE_OPS) the cases above are built with
+EPILOGUES = {"matmul_scaled": (("multiply", np.array([0.25], F32)),),
+             "conv2d_stem_bias_relu6": (("add", np.linspace(-2, 2, 16).astype(F32)),
+                                        ("relu", None), ("clip", (0.0, 6.0)))}
+
+
+def _apply(epilogue, out):
+    """``epilogue`` applied to float64 ``out`` (exactly, and to |out|'s bound as it is)."""
+    for op, value in epilogue:
+        if op == "add":
+            out = out + value
+        elif op == "multiply":
+            out = out * value
+        elif op == "relu":
+            out = np.maximum(out, 0)
+        else:
+            out = np.clip(out, *value)
+    return out
 
 
 CONVS = {  # data, weight (HWIO), strides, padding (top, left, bottom, right), dilation
     "stem": ((1, 32, 32, 3), (3, 3, 3, 16), (1, 1), (1, 1, 1, 1), (1, 1)),
+    "stem_bias_relu6": ((1, 32, 32, 3), (3, 3, 3, 16), (1, 1), (1, 1, 1, 1), (1, 1)),
     "strided": ((1, 15, 17, 8), (3, 3, 8, 12), (2, 2), (0, 1, 1, 0), (1, 1)),
     "dilated": ((1, 12, 12, 5), (3, 3, 5, 7), (1, 1), (2, 2, 2, 2), (2, 2)),
     "pointwise": ((2, 7, 9, 32), (1, 1, 32, 24), (1, 1), (0, 0, 0, 0), (1, 1)),
@@ -90,6 +110,7 @@ def _conv64(x, w, strides, padding, dilation):
 
 
 TAIL_ROWS = (6, 37)  # SOFTMAX rows that are not whole vectors
+POOLED = (2, 5, 7, 24)  # a global average pool's NHWC input
 
 
 def _funcs(inputs, rows):
@@ -99,10 +120,11 @@ def _funcs(inputs, rows):
     funcs[fm.SOFTMAX] = fm.func(fm.SOFTMAX, rows.shape, -1)
     funcs["softmax_tail"] = fm.func(fm.SOFTMAX, TAIL_ROWS, -1)
     funcs[fm.MEAN] = fm.func(fm.MEAN, TAIL_ROWS)
+    funcs["spatial_mean"] = fm.spatial_mean_func(POOLED, keepdims=True)
     for name, (a, b) in MATMULS.items():
-        funcs[f"matmul_{name}"] = fm.matmul_func(a, b)
+        funcs[f"matmul_{name}"] = fm.matmul_func(a, b, EPILOGUES.get(f"matmul_{name}", ()))
     for name, case in CONVS.items():
-        funcs[f"conv2d_{name}"] = fm.conv2d_func(*case)
+        funcs[f"conv2d_{name}"] = fm.conv2d_func(*case, EPILOGUES.get(f"conv2d_{name}", ()))
     return funcs
 
 
@@ -120,15 +142,20 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
     tail_rows = (rng.standard_normal(TAIL_ROWS) * 4).astype(F32)
     calls.append(("softmax_tail", [tail_rows], TAIL_ROWS, "float32"))
     calls.append((fm.MEAN, [tail_rows], (TAIL_ROWS[0], 1), "float32"))
+    pooled = rng.standard_normal(POOLED).astype(F32)
+    calls.append(("spatial_mean", [pooled], (POOLED[0], 1, 1, POOLED[3]), "float32"))
     operands = {}
     for name, (a, b) in MATMULS.items():
         operands[name] = [rng.standard_normal(a).astype(F32), rng.standard_normal(b).astype(F32)]
-        calls.append((f"matmul_{name}", operands[name], (*a[:-1], b[-1]), "float32"))
+        consts = fm.epilogue_constants(EPILOGUES.get(f"matmul_{name}", ()))
+        calls.append((f"matmul_{name}", operands[name] + consts, (*a[:-1], b[-1]), "float32"))
     for name, (x, w, *conv) in CONVS.items():
         operands[f"conv2d_{name}"] = [rng.standard_normal(x).astype(F32),
                                      rng.standard_normal(w).astype(F32), conv]
         shape = _conv64(np.zeros(x), np.zeros(w), *conv).shape
-        calls.append((f"conv2d_{name}", operands[f"conv2d_{name}"][:2], shape, "float32"))
+        consts = fm.epilogue_constants(EPILOGUES.get(f"conv2d_{name}", ()))
+        calls.append((f"conv2d_{name}", operands[f"conv2d_{name}"][:2] + consts, shape,
+                      "float32"))
     asm, outs = run_funcs(level, funcs, calls, tmp_path / "float_math.so")
     got = dict(zip([c[0] for c in calls], outs))
     for name in got:
@@ -155,6 +182,10 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
     exact = tail_rows.astype(np.float64).mean(-1, keepdims=True)
     bound = (TAIL_ROWS[1] + 1) * np.spacing(F32(1)) / 2 * np.abs(tail_rows).mean(-1, keepdims=True)
     assert np.all(np.abs(got[fm.MEAN] - exact) <= bound), "mean"
+    exact = pooled.astype(np.float64).mean((1, 2), keepdims=True)
+    pixels = POOLED[1] * POOLED[2]
+    bound = (pixels + 1) * np.spacing(F32(1)) / 2 * np.abs(pooled).mean((1, 2), keepdims=True)
+    assert np.all(np.abs(got["spatial_mean"] - exact) <= bound), "spatial_mean"
     # a float32 sum of k products in any order is within k * eps/2 * sum |a b| of the exact
     for name, (a, b, *conv) in operands.items():
         if conv:
@@ -163,8 +194,15 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
         else:
             exact, magnitude = np.matmul(a.astype(np.float64), b), np.matmul(np.abs(a), np.abs(b))
             depth, name = a.shape[-1], f"matmul_{name}"
-        err = np.abs(got[name] - exact)
-        assert np.all(err <= depth * np.spacing(F32(1)) / 2 * magnitude), name
+        # an epilogue after the sum: its ops move a value by at most the sum's error
+        # (clamps and a positive scale) plus an ulp of the result per rounding op
+        epilogue = EPILOGUES.get(name, ())
+        exact = _apply(epilogue, exact)
+        scale = np.prod([np.abs(v).max() for op, v in epilogue if op == "multiply"] or [1])
+        bound = depth * np.spacing(F32(1)) / 2 * magnitude * scale + len(epilogue) * np.spacing(
+            np.abs(exact).astype(F32))
+        assert np.all(np.abs(got[name] - exact) <= bound), name
+        assert np.unique(got[name]).size > got[name].size // 4, name  # alive
     limits = {"exp": fm.EXP_ULPS, "tanh": fm.TANH_ULPS, "sigmoid": fm.EXP_ULPS + 2,
               "softmax": 2 * fm.EXP_ULPS + 2}
     for name, limit in limits.items():

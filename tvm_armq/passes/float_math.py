@@ -11,14 +11,72 @@ pipeline then legalizes, fuses and builds like any other; other dtypes are left 
 
 from __future__ import annotations
 
+import dataclasses
+
 from ..intrinsics import names
 from ..schedules import float_math
+from .graph import is_const
 
 FLOAT = "float32"
 _OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.sigmoid": "sigmoid",
         "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.softmax": float_math.SOFTMAX,
         "relax.mean": float_math.MEAN}
 OPAQUE = 8  # relax's OpPatternKind kOpaque: FuseOps leaves a scheduled kernel whole
+
+
+_EPILOGUE_CALLS = ("relax.add", "relax.multiply", "relax.nn.relu", "relax.clip")
+
+
+@dataclasses.dataclass(frozen=True)
+class Tile:
+    """A tiled kernel's call, read from the model: ``op`` ("matmul" | "conv2d"), its
+    operands, the shapes (and window) its ``*_func`` takes, and its epilogue so far."""
+
+    op: str
+    args: list
+    shapes: tuple
+    out_shape: list
+    epilogue: tuple = ()
+
+    def extended(self, step):
+        return dataclasses.replace(self, epilogue=self.epilogue + (step,))
+
+
+def _static_shapes(*exprs):
+    """The static shapes of float32 ``exprs``, or None if one is not such a tensor."""
+    from tvm import relax
+
+    shapes = []
+    for x in exprs:
+        ty = x.ty
+        if not isinstance(getattr(ty, "shape", None), relax.ShapeExpr) or \
+                str(getattr(ty, "dtype", "")) != FLOAT:
+            return None
+        shapes.append([int(d) for d in ty.shape])
+    return shapes
+
+
+def _dataflow(func):
+    """(each variable's bound call, each variable's number of uses) in ``func``."""
+    from tvm import relax
+
+    producer, users = {}, {}
+
+    def visit(expr):
+        if isinstance(expr, (relax.Call, relax.Tuple)):  # (call_tir's are a Tuple)
+            for arg in expr.args if isinstance(expr, relax.Call) else expr.fields:
+                if isinstance(arg, relax.Var):
+                    users[arg] = users.get(arg, 0) + 1
+
+    relax.analysis.post_order_visit(func, visit)
+    for block in func.body.blocks:
+        for binding in block.bindings:
+            producer[binding.var] = binding.value
+            if isinstance(binding.value, relax.Var):  # y = x: a use of x
+                users[binding.value] = users.get(binding.value, 0) + 1
+    if isinstance(func.body.body, relax.Var):  # the function's result is a use too
+        users[func.body.body] = users.get(func.body.body, 0) + 1
+    return producer, users
 
 
 def _tile_name(op: str) -> str:
@@ -40,6 +98,11 @@ def vectorized_float_math():
             call = super().visit_call_(original)
             name = _OPS.get(getattr(call.op, "name", None))
             ty = original.ty
+            if getattr(call.op, "name", None) in _EPILOGUE_CALLS and \
+                    str(getattr(ty, "dtype", "")) == FLOAT:
+                folded = self._epilogue_op(original, call)
+                if folded is not None:
+                    return folded
             if getattr(call.op, "name", None) == "relax.matmul":
                 return self._matmul(original, call)
             if getattr(call.op, "name", None) == "relax.nn.conv2d":
@@ -49,13 +112,19 @@ def vectorized_float_math():
                 return call
             shape = [int(d) for d in ty.shape]
             axis = int(call.attrs.axis) if name == float_math.SOFTMAX else None
-            if name == float_math.MEAN:  # over the last axis, kept: a LayerNorm's
-                data_ty = original.args[0].ty
-                shape = [int(d) for d in data_ty.shape] if isinstance(
-                    getattr(data_ty, "shape", None), relax.ShapeExpr) else None
-                axes = [int(a) for a in (call.attrs.axis or [])]
-                if shape is None or not call.attrs.keepdims or \
-                        [a % len(shape) for a in axes] != [len(shape) - 1]:
+            if name == float_math.MEAN:
+                shapes = _static_shapes(original.args[0])
+                if shapes is None:
+                    return call
+                shape = shapes[0]
+                axes = sorted(int(a) % len(shape) for a in (call.attrs.axis or []))
+                if len(shape) == 4 and axes == [1, 2]:  # a global average pool
+                    func = float_math.spatial_mean_func(shape, bool(call.attrs.keepdims))
+                    gvar = self._add_kernel(func, "spatial_mean", names.elementwise_name(
+                        "spatial_mean", FLOAT))
+                    return relax.op.call_tir(gvar, [call.args[0]], relax.TensorType(
+                        [int(d) for d in ty.shape], FLOAT))
+                if not call.attrs.keepdims or axes != [len(shape) - 1]:  # LayerNorm's
                     return call
             gvar = self._add_kernel(float_math.func(name, shape, axis), name,
                                     names.elementwise_name(name, FLOAT))
@@ -73,42 +142,77 @@ def vectorized_float_math():
             """A float32 matmul of two operands with the same leading dimensions (attention's
             products, a FULLY_CONNECTED left float) on ``float_math.matmul_func``."""
             a, b = original.args
-            shapes = [getattr(x.ty, "shape", None) for x in (a, b, original)]
-            if any(not isinstance(s, relax.ShapeExpr) for s in shapes) or any(
-                    str(getattr(x.ty, "dtype", "")) != FLOAT for x in (a, b, original)):
+            shapes = _static_shapes(a, b, original)
+            if shapes is None:
                 return call
-            a_shape, b_shape, out_shape = ([int(d) for d in s] for s in shapes)
+            a_shape, b_shape, out_shape = shapes
             if len(a_shape) < 2 or len(a_shape) != len(b_shape) or \
                     a_shape[:-2] != b_shape[:-2] or a_shape[-1] != b_shape[-2]:
                 return call
-            gvar = self._add_kernel(float_math.matmul_func(a_shape, b_shape), "matmul",
-                                    _tile_name("matmul"))
-            return relax.op.call_tir(gvar, list(call.args), relax.TensorType(out_shape, FLOAT))
+            return self._tile(original, Tile("matmul", list(call.args), (a_shape, b_shape),
+                                             out_shape))
 
         def _conv2d(self, original, call):
             """A float32 NHWC / HWIO conv2d of one group (a CONV_2D the converter left
             float: a small one, or a model's stem) on ``float_math.conv2d_func``."""
             a = original.attrs
-            data, weight = original.args
-            shapes = [getattr(x.ty, "shape", None) for x in (data, weight, original)]
-            if any(not isinstance(s, relax.ShapeExpr) for s in shapes) or any(
-                    str(getattr(x.ty, "dtype", "")) != FLOAT for x in (data, weight, original)) \
-                    or (a.data_layout, a.kernel_layout, a.out_layout) != ("NHWC", "HWIO", "NHWC") \
-                    or int(a.groups) != 1:
+            shapes = _static_shapes(*original.args, original)
+            if shapes is None or (a.data_layout, a.kernel_layout, a.out_layout) != (
+                    "NHWC", "HWIO", "NHWC") or int(a.groups) != 1:
                 return call
-            data_shape, weight_shape, out_shape = ([int(d) for d in s] for s in shapes)
-            func = float_math.conv2d_func(
-                data_shape, weight_shape, [int(v) for v in a.strides],
-                [int(v) for v in a.padding], [int(v) for v in a.dilation])
-            gvar = self._add_kernel(func, "conv2d", _tile_name("conv2d"))
-            return relax.op.call_tir(gvar, list(call.args), relax.TensorType(out_shape, FLOAT))
+            data_shape, weight_shape, out_shape = shapes
+            window = ([int(v) for v in a.strides], [int(v) for v in a.padding],
+                      [int(v) for v in a.dilation])
+            return self._tile(original, Tile("conv2d", list(call.args),
+                                             (data_shape, weight_shape, *window), out_shape))
+
+        def _epilogue_op(self, original, call):
+            """``call`` folded into the tiled kernel that makes its operand, when that
+            kernel's output is read by nothing else and ``call`` is an epilogue op
+            (``float_math.EPILOGUE_OPS``: a bias, a constant scale, ReLU, a clip)."""
+            op = call.op.name
+            x = original.args[0]
+            if op in ("relax.add", "relax.multiply") and is_const(x):
+                x = original.args[1]  # the constant first: c + x, c * x
+            tile = self.tiles.get(self.producer.get(x))
+            if tile is None or self.users.get(x, 0) != 1:
+                return None
+            if op == "relax.nn.relu":
+                step = ("relu", None)
+            elif op == "relax.clip":
+                lo, hi = (float(v.value) for v in original.args[1:3])
+                step = ("clip", (lo, hi))
+            else:
+                c = next((v for v in original.args if is_const(v)), None)
+                values = None if c is None else c.value.numpy()
+                channels = tile.out_shape[-1]
+                if values is None or str(values.dtype) != FLOAT or \
+                        values.size not in (1, channels) or \
+                        (values.size == channels and values.shape[-1] != channels):
+                    return None
+                step = (op.split(".")[-1], values.reshape(-1))
+            return self._tile(original, tile.extended(step))
+
+        def _tile(self, original, tile):
+            """The call of ``tile``'s kernel (built for it) for ``original``."""
+            if tile.op == "matmul":
+                func = float_math.matmul_func(*tile.shapes, epilogue=tile.epilogue)
+            else:
+                func = float_math.conv2d_func(*tile.shapes, epilogue=tile.epilogue)
+            gvar = self._add_kernel(func, tile.op, _tile_name(tile.op))
+            self.tiles[original] = tile
+            consts = [relax.const(c) for c in float_math.epilogue_constants(tile.epilogue)]
+            return relax.op.call_tir(gvar, tile.args + consts,
+                                     relax.TensorType(tile.out_shape, FLOAT))
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.vectorized_float_math")
     def run(mod, _ctx):
         rewrite = _Rewrite(mod)
         for gvar, func in mod.functions_items():
             if isinstance(func, relax.Function):
+                rewrite.tiles, (rewrite.producer, rewrite.users) = {}, _dataflow(func)
                 rewrite.builder_.update_func(gvar, rewrite.visit_expr(func))
-        return rewrite.builder_.get()
+        # a kernel whose output an epilogue op took over is no longer called
+        return relax.transform.DeadCodeElimination()(rewrite.builder_.get())
 
     return run
