@@ -479,3 +479,72 @@ def conv2d_func(data_shape, weight_shape, strides, padding, dilation, epilogue=(
         sch.vectorize(tile_columns)
         sch.unroll(tile_rows)
     return sch.mod["main"]
+
+
+# ------------------------------------------------------- fused elementwise trees
+TREE_OPS = {"add": 2, "subtract": 2, "multiply": 2, "divide": 2, "maximum": 2, "minimum": 2,
+            "negative": 1, "square": 1, "sqrt": 1, "rsqrt": 1, "relu": 1}
+"""The float ops an elementwise tree is built of, with their operand counts. A tree is
+``("input", k)`` (the kernel's k-th operand, broadcast to the output numpy's way),
+``("const", value)`` (a float32 scalar) or ``(op, operand trees...)``; ``("clip", tree, lo,
+hi)`` too."""
+
+
+def _tree_value(tree, inputs, out_index):
+    """The TIR value of ``tree`` at the output index ``out_index``."""
+    from tvm import tirx
+
+    kind = tree[0]
+    if kind == "input":
+        data = inputs[tree[1]]
+        rank, shape = len(data.shape), [int(d) for d in data.shape]
+        index = out_index[len(out_index) - rank:]
+        return data(*[0 if d == 1 else i for d, i in zip(shape, index)])
+    if kind == "const":
+        return _c(float(tree[1]))
+    args = [_tree_value(t, inputs, out_index) for t in tree[1:1 + TREE_OPS.get(kind, 1)]]
+    if kind == "add":
+        return args[0] + args[1]
+    if kind == "subtract":
+        return args[0] - args[1]
+    if kind == "multiply":  # a product of its own: LLVM would fuse it with an add (FMLA)
+        return _fence(args[0] * args[1])
+    if kind == "divide":
+        return args[0] / args[1]
+    if kind == "maximum":
+        return tirx.max(args[0], args[1])
+    if kind == "minimum":
+        return tirx.min(args[0], args[1])
+    if kind == "negative":
+        return -args[0]
+    if kind == "square":
+        return _fence(args[0] * args[0])
+    if kind == "sqrt":
+        return tirx.sqrt(args[0])
+    if kind == "rsqrt":
+        return _c(1.0) / tirx.sqrt(args[0])
+    if kind == "relu":
+        return tirx.max(args[0], _c(0.0))
+    if kind == "clip":
+        return tirx.min(tirx.max(args[0], _c(tree[2])), _c(tree[3]))
+    raise ValueError(f"an elementwise tree has no op {kind!r}")
+
+
+def tree_func(tree, input_shapes, out_shape):
+    """The PrimFunc (inputs..., output) computing ``tree`` per element of ``out_shape``
+    (each op one IEEE operation, as TFLite's kernel for it computes it, in one pass instead
+    of one per op), a NEON register of results at a time along the last axis."""
+    from tvm import s_tir, te
+
+    from .tir_util import largest_divisor
+
+    inputs = [te.placeholder(tuple(int(d) for d in s), FLOAT, f"in{k}")
+              for k, s in enumerate(input_shapes)]
+    out = te.compute(tuple(int(d) for d in out_shape),
+                     lambda *i: _tree_value(tree, inputs, i), name="elementwise")
+    sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
+    inner = sch.get_loops(sch.get_sblock("elementwise"))[-1]
+    lanes = largest_divisor(sch.get(inner).extent.value, VECTOR_LANES)
+    if lanes > 1:
+        sch.vectorize(sch.split(inner, [None, lanes])[1])
+    return sch.mod["main"]

@@ -113,6 +113,24 @@ TAIL_ROWS = (6, 37)  # SOFTMAX rows that are not whole vectors
 POOLED = (2, 5, 7, 24)  # a global average pool's NHWC input
 
 
+# every op of float_math.TREE_OPS (and clip), with operands broadcast the numpy way
+TREE = ("clip", ("add", ("multiply", ("input", 0), ("rsqrt", ("add", ("input", 1),
+                                                                 ("const", 1e-6)))),
+                 ("divide", ("square", ("subtract", ("input", 2), ("input", 1))),
+                  ("maximum", ("relu", ("input", 0)),
+                   ("minimum", ("sqrt", ("input", 3)), ("negative", ("const", -2.0)))))),
+        -4.0, 4.0)
+TREE_SHAPES = [(3, 7, 16), (3, 7, 1), (16,), (3, 7, 16)]
+
+
+def _tree_numpy(x0, x1, x2, x3):
+    """TREE in float32, one IEEE operation per op (what the kernel computes, bit for bit)."""
+    r = F32(1) / np.sqrt(x1 + F32(1e-6))
+    d = x2 - x1
+    m = np.maximum(np.maximum(x0, F32(0)), np.minimum(np.sqrt(x3), -F32(-2.0)))
+    return np.clip(x0 * r + (d * d) / m, F32(-4), F32(4))
+
+
 def _funcs(inputs, rows):
     """The scheduled PrimFuncs (name -> func) of each op over its inputs, of SOFTMAX over
     ``rows`` and of each MATMULS case."""
@@ -121,6 +139,7 @@ def _funcs(inputs, rows):
     funcs["softmax_tail"] = fm.func(fm.SOFTMAX, TAIL_ROWS, -1)
     funcs[fm.MEAN] = fm.func(fm.MEAN, TAIL_ROWS)
     funcs["spatial_mean"] = fm.spatial_mean_func(POOLED, keepdims=True)
+    funcs["tree"] = fm.tree_func(TREE, TREE_SHAPES, TREE_SHAPES[0])
     for name, (a, b) in MATMULS.items():
         funcs[f"matmul_{name}"] = fm.matmul_func(a, b, EPILOGUES.get(f"matmul_{name}", ()))
     for name, case in CONVS.items():
@@ -142,6 +161,9 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
     tail_rows = (rng.standard_normal(TAIL_ROWS) * 4).astype(F32)
     calls.append(("softmax_tail", [tail_rows], TAIL_ROWS, "float32"))
     calls.append((fm.MEAN, [tail_rows], (TAIL_ROWS[0], 1), "float32"))
+    tree_inputs = [rng.standard_normal(shape).astype(F32) for shape in TREE_SHAPES]
+    tree_inputs[1], tree_inputs[3] = np.abs(tree_inputs[1]), np.abs(tree_inputs[3])
+    calls.append(("tree", tree_inputs, TREE_SHAPES[0], "float32"))
     pooled = rng.standard_normal(POOLED).astype(F32)
     calls.append(("spatial_mean", [pooled], (POOLED[0], 1, 1, POOLED[3]), "float32"))
     operands = {}
@@ -182,6 +204,9 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
     exact = tail_rows.astype(np.float64).mean(-1, keepdims=True)
     bound = (TAIL_ROWS[1] + 1) * np.spacing(F32(1)) / 2 * np.abs(tail_rows).mean(-1, keepdims=True)
     assert np.all(np.abs(got[fm.MEAN] - exact) <= bound), "mean"
+    want = _tree_numpy(*tree_inputs)
+    assert np.array_equal(got["tree"], want), np.abs(got["tree"] - want).max()
+    assert np.unique(want).size > want.size // 2  # alive, not clamped flat
     exact = pooled.astype(np.float64).mean((1, 2), keepdims=True)
     pixels = POOLED[1] * POOLED[2]
     bound = (pixels + 1) * np.spacing(F32(1)) / 2 * np.abs(pooled).mean((1, 2), keepdims=True)
@@ -219,9 +244,9 @@ def test_float_math_within_its_ulps_on_device(level, run_funcs, tmp_path, report
 @pytest.mark.parametrize("name", ["bert_encoder_dynamic", "resnet_block_dynamic"])
 def test_dynamic_range_nets_float_layers_are_these_kernels(name, zoo_model):
     """After tvm_armq's passes a dynamic-range net's float SOFTMAX, GELU, MEAN, attention
-    products and float convolutions are calls of these kernels, each named in the naming
-    grammar; no float op that TVM would lower to a libm call or an unscheduled loop nest of
-    products is left."""
+    products, float convolutions and chains of elementwise ops are calls of these kernels,
+    each named in the naming grammar; no float op that TVM would lower to a libm call or
+    an unscheduled loop nest of products is left."""
     import tvm
 
     from tvm_armq import build, targets
@@ -245,5 +270,7 @@ def test_dynamic_range_nets_float_layers_are_these_kernels(name, zoo_model):
                if gv.name_hint.startswith("tvm_armq_float_")}
     assert kernels and all(names.NAME_RE.match(k) for k in kernels.values()), kernels
     want = ({"softmax_f32_neon", "gelu_tanh_f32_neon", "mean_f32_neon"}
-            if name.startswith("bert") else {"conv2d_f32f32f32_4x16x1_neon"})
+            if name.startswith("bert") else {"conv2d_f32f32f32_4x16x1_neon",
+                                             "spatial_mean_f32_neon"})
     assert want <= set(kernels.values()), kernels
+    assert any(k.startswith("elementwise_f32_neon_ops") for k in kernels.values()), kernels

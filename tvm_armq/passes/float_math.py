@@ -25,6 +25,22 @@ OPAQUE = 8  # relax's OpPatternKind kOpaque: FuseOps leaves a scheduled kernel w
 
 
 _EPILOGUE_CALLS = ("relax.add", "relax.multiply", "relax.nn.relu", "relax.clip")
+_TREE_CALLS = {"relax.add": "add", "relax.subtract": "subtract", "relax.multiply": "multiply",
+               "relax.divide": "divide", "relax.maximum": "maximum",
+               "relax.minimum": "minimum", "relax.negative": "negative",
+               "relax.sqrt": "sqrt", "relax.rsqrt": "rsqrt", "relax.nn.relu": "relu",
+               "relax.clip": "clip", "relax.power": "power"}
+
+
+class _NotATree(Exception):
+    """An operand of a tree that is no static float32 tensor."""
+
+
+def _tree_size(tree) -> int:
+    """The number of ops in ``tree``."""
+    if tree[0] in ("input", "const"):
+        return 0
+    return 1 + sum(_tree_size(t) for t in tree[1:] if isinstance(t, tuple))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -103,6 +119,8 @@ def vectorized_float_math():
                 folded = self._epilogue_op(original, call)
                 if folded is not None:
                     return folded
+            if getattr(call.op, "name", None) in _TREE_CALLS:
+                return self._tree(original, call)
             if getattr(call.op, "name", None) == "relax.matmul":
                 return self._matmul(original, call)
             if getattr(call.op, "name", None) == "relax.nn.conv2d":
@@ -130,6 +148,58 @@ def vectorized_float_math():
                                     names.elementwise_name(name, FLOAT))
             out_shape = [int(d) for d in ty.shape]
             return relax.op.call_tir(gvar, [call.args[0]], relax.TensorType(out_shape, FLOAT))
+
+        def _tree(self, original, call):
+            """A float op of ``float_math.TREE_OPS`` and the ones it reads whose results
+            nothing else reads, as one kernel (``float_math.tree_func``): a LayerNorm's
+            steps between its means, an ADD and the ReLU after it. A lone op is left to
+            TVM."""
+            if _static_shapes(original) is None:
+                return call
+            leaves = {}  # original expression -> (its input index, its shape)
+            try:
+                tree = self._tree_of(original, leaves, root=True)
+            except _NotATree:
+                return call
+            if tree is None or _tree_size(tree) < 2:
+                return call
+            inputs = sorted(leaves.items(), key=lambda item: item[1][0])
+            func = float_math.tree_func(tree, [shape for _, (_, shape) in inputs],
+                                        _static_shapes(original)[0])
+            gvar = self._add_kernel(func, "elementwise", names.elementwise_name(
+                "elementwise", FLOAT, variant=f"ops{_tree_size(tree)}"))
+            args = [self.visit_expr(expr) for expr, _ in inputs]
+            return relax.op.call_tir(gvar, args, original.ty)
+
+        def _tree_of(self, expr, leaves, root=False):
+            """The tree of ``expr`` (``float_math.TREE_OPS``' form), its operands that are
+            not folded in recorded in ``leaves``; None if ``expr`` (the root) is no op of
+            the trees."""
+            call = expr if root else self.producer.get(expr)
+            fused = root or (isinstance(expr, relax.Var) and self.users.get(expr, 0) == 1)
+            kind = _TREE_CALLS.get(getattr(getattr(call, "op", None), "name", None))
+            if fused and kind is not None and _static_shapes(call) is not None:
+                if kind == "power":  # x ** 2 only
+                    exponent = call.args[1]
+                    if not (is_const(exponent) and exponent.value.numpy().size == 1
+                            and float(exponent.value.numpy().reshape(-1)[0]) == 2.0):
+                        return self._leaf(expr, leaves) if not root else None
+                    return ("square", self._tree_of(call.args[0], leaves))
+                if kind == "clip":
+                    lo, hi = (float(v.value) for v in call.args[1:3])
+                    return ("clip", self._tree_of(call.args[0], leaves), lo, hi)
+                return (kind, *[self._tree_of(a, leaves) for a in call.args])
+            return None if root else self._leaf(expr, leaves)
+
+        def _leaf(self, expr, leaves):
+            if is_const(expr) and expr.value.numpy().size == 1:
+                return ("const", float(expr.value.numpy().reshape(-1)[0]))
+            shapes = _static_shapes(expr)
+            if shapes is None:
+                raise _NotATree
+            if expr not in leaves:
+                leaves[expr] = (len(leaves), shapes[0])
+            return ("input", leaves[expr][0])
 
         def _add_kernel(self, func, op: str, kernel: str):
             """``func`` in the module as ``tvm_armq_float_<op>``, named ``kernel`` (the
