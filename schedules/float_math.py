@@ -28,6 +28,8 @@ from __future__ import annotations
 
 FLOAT = "float32"
 VECTOR_LANES = 4  # float32 lanes of one NEON register
+INTERLEAVED = 4  # registers an elementwise loop computes at once: four independent chains
+# of dependent instructions hide each other's latency (one alone waits on every result)
 
 LOG2E = 1.44269504088896341
 LN2_HI = 0.693359375  # 0x3f318000: 9 significant bits, so n * LN2_HI is exact for |n| < 2^15
@@ -220,8 +222,8 @@ def spatial_mean_te(data, keepdims: bool):
 
 
 def spatial_mean_func(shape, keepdims: bool):
-    """The PrimFunc (data, output) of ``spatial_mean_te``: the channels VECTOR_LANES at a
-    time inside the loops over the pixels."""
+    """The PrimFunc (data, output) of ``spatial_mean_te``: the channels INTERLEAVED NEON
+    registers at a time inside the loops over the pixels."""
     from tvm import s_tir, te
 
     from .tir_util import largest_divisor
@@ -230,7 +232,7 @@ def spatial_mean_func(shape, keepdims: bool):
     sch = s_tir.Schedule(te.create_prim_func([data, spatial_mean_te(data, keepdims)]))
     block = sch.get_sblock("pixel_sum")
     b, ch, ry, rx = sch.get_loops(block)
-    lanes = largest_divisor(sch.get(ch).extent.value, 4 * VECTOR_LANES)
+    lanes = largest_divisor(sch.get(ch).extent.value, INTERLEAVED * VECTOR_LANES)
     outer, inner = sch.split(ch, [None, lanes])
     sch.reorder(b, outer, ry, rx, inner)
     sch.vectorize(inner)
@@ -303,11 +305,25 @@ def func(op: str, shape, axis: int | None = None):
             sch.reorder(step, lane)
             sch.vectorize(lane)
     for stage in stages:
-        inner = sch.get_loops(sch.get_sblock(stage))[-1]
-        lanes = largest_divisor(sch.get(inner).extent.value, VECTOR_LANES)
-        if lanes > 1:
-            sch.vectorize(sch.split(inner, [None, lanes])[1])
+        _vectorize_interleaved(sch, sch.get_loops(sch.get_sblock(stage))[-1])
     return sch.mod["main"]
+
+
+def _vectorize_interleaved(sch, loop):
+    """``loop`` a NEON register at a time, INTERLEAVED registers per step (unrolled: a
+    vector of 16 lanes would do as well, but LLVM cannot split the NEON intrinsics of
+    ``_reciprocal`` over four registers)."""
+    from .tir_util import largest_divisor
+
+    extent = sch.get(loop).extent.value
+    lanes = largest_divisor(extent, VECTOR_LANES)
+    if lanes == 1:
+        return
+    outer, inner = sch.split(loop, [None, lanes])
+    sch.vectorize(inner)
+    steps = largest_divisor(extent // lanes, INTERLEAVED)
+    if steps > 1:
+        sch.unroll(sch.split(outer, [None, steps])[1])
 
 
 # ------------------------------------------------- epilogues of the tiled kernels
@@ -543,8 +559,5 @@ def tree_func(tree, input_shapes, out_shape):
     out = te.compute(tuple(int(d) for d in out_shape),
                      lambda *i: _tree_value(tree, inputs, i), name="elementwise")
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
-    inner = sch.get_loops(sch.get_sblock("elementwise"))[-1]
-    lanes = largest_divisor(sch.get(inner).extent.value, VECTOR_LANES)
-    if lanes > 1:
-        sch.vectorize(sch.split(inner, [None, lanes])[1])
+    _vectorize_interleaved(sch, sch.get_loops(sch.get_sblock("elementwise"))[-1])
     return sch.mod["main"]
