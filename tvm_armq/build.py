@@ -174,11 +174,12 @@ def lower(mod, target, *, database=None, precision: str = "int8", report: list |
     with target:
         mod = integer.quantized_to_integer(target, tuned_schedule=_tuned(database, target),
                                              report=report, variants=variants)(mod)
-        mod = vectorized_float_math()(mod)
         if precision == "bf16":  # float conv2d / dense of a float model -> bfmmla GEMMs
             from .passes import bf16
 
             mod = bf16.float_to_bf16(target, report=report)(mod)
+        # the float32 ops left (after bf16's, which takes the conv2d / dense it asks for)
+        mod = vectorized_float_math()(mod)
     return mod
 
 
