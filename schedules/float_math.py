@@ -1,5 +1,7 @@
-"""Float32 exp and tanh that LLVM vectorizes, and the float ops built on them (GELU's tanh
-form, SOFTMAX): the float layers between a dynamic-range model's hybrid layers.
+"""The float layers between a dynamic-range model's hybrid layers, on vector code: float32
+exp and tanh that LLVM vectorizes and the ops built on them (GELU's tanh form, SOFTMAX,
+LOGISTIC), MEAN, float matmul and conv2d in register tiles with an epilogue, and trees of
+elementwise ops in one pass.
 
 Why: TVM lowers ``exp`` and ``tanh`` to calls of the C library's ``expf`` (``tanh`` as two
 of them), one element per call, and a loop holding a call is not vectorized. A BERT-style
@@ -25,6 +27,8 @@ reference kernels comes to in a whole model is in ``docs/exactness.md``.
 """
 
 from __future__ import annotations
+
+from .tir_util import fence, largest_divisor
 
 FLOAT = "float32"
 VECTOR_LANES = 4  # float32 lanes of one NEON register
@@ -72,12 +76,6 @@ def _horner(x, coefficients):
     return acc
 
 
-def _fence(value):
-    from tvm import tirx
-
-    return tirx.call_llvm_pure_intrin(FLOAT, "llvm.arithmetic.fence", value)
-
-
 def _reciprocal(q):
     """1 / q without a division: FRECPE's 8-bit estimate and two Newton-Raphson steps
     (FRECPS computes 2 - q * r), about an ulp from the quotient. A NEON division of four
@@ -102,7 +100,7 @@ def exp(x):
     # n = round(x / ln2): adding ROUNDING_BIAS leaves n in the low bits of the sum's
     # mantissa, and taking it away again gives n as a float (no FRINT, no conversion)
     # (fenced: LLVM would fold (y + b) - b to y)
-    biased = _fence(xc * _c(LOG2E) + _c(ROUNDING_BIAS))
+    biased = fence(xc * _c(LOG2E) + _c(ROUNDING_BIAS))
     n = biased - _c(ROUNDING_BIAS)
     r = (xc - n * _c(LN2_HI)) - n * _c(LN2_LO)
     e_r = _horner(r, EXP_POLY) * (r * r) + r + _c(1.0)
@@ -228,8 +226,6 @@ def spatial_mean_func(shape, keepdims: bool):
     registers at a time inside the loops over the pixels."""
     from tvm import s_tir, te
 
-    from .tir_util import largest_divisor
-
     data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
     sch = s_tir.Schedule(te.create_prim_func([data, spatial_mean_te(data, keepdims)]))
     block = sch.get_sblock("pixel_sum")
@@ -289,8 +285,6 @@ def func(op: str, shape, axis: int | None = None):
     axis a vector of partial results at a time."""
     from tvm import s_tir, te
 
-    from .tir_util import largest_divisor
-
     data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
     if op == SOFTMAX:
         out, stages = softmax_te(data, axis), SOFTMAX_ELEMENTWISE
@@ -326,8 +320,6 @@ def _vectorize_interleaved(sch, loop):
     """``loop`` a NEON register at a time, ``_interleaved()`` registers per step (unrolled:
     a vector of 16 lanes would do as well, but LLVM cannot split the NEON intrinsics of
     ``_reciprocal`` over four registers)."""
-    from .tir_util import largest_divisor
-
     extent = sch.get(loop).extent.value
     lanes = largest_divisor(extent, VECTOR_LANES)
     if lanes == 1:
@@ -412,31 +404,36 @@ def matmul_func(a_shape, b_shape, epilogue=()):
     runs after each tile's k loop, so buffer compaction shrinks the sums to one tile."""
     from tvm import s_tir, te
 
-    from .tir_util import largest_divisor
-
     a = te.placeholder(tuple(int(d) for d in a_shape), FLOAT, "A")
     b = te.placeholder(tuple(int(d) for d in b_shape), FLOAT, "B")
     out, consts = matmul_te(a, b, epilogue)
     sch = s_tir.Schedule(te.create_prim_func([a, b, *consts, out]))
-    block = sch.get_sblock(MATMUL_SUMS)
-    *batch, i, j, k = sch.get_loops(block)
-    rows = largest_divisor(sch.get(i).extent.value, MATMUL_ROWS)
-    columns = largest_divisor(sch.get(j).extent.value, MATMUL_COLUMNS)
-    io, ii = sch.split(i, [None, rows])
-    jo, ji = sch.split(j, [None, columns])
-    sch.reorder(*batch, jo, io, k, ii, ji)
+    *batch, i, j, k = sch.get_loops(sch.get_sblock(MATMUL_SUMS))
+    _schedule_tiles(sch, MATMUL_SUMS, MATMUL, batch, i, j, [k])
+    return sch.mod["main"]
+
+
+def _schedule_tiles(sch, sums: str, copy: str, outer, rows, columns, reduction):
+    """The tiled kernels' schedule: the ``sums`` block's ``rows`` and ``columns`` loops
+    split into MATMUL_ROWS x MATMUL_COLUMNS tiles (fewer where they do not divide), all of
+    ``reduction`` inside a tile, the tile's rows unrolled and its columns one vector, and
+    the ``copy`` out (the epilogue) after each tile's sums."""
+    block = sch.get_sblock(sums)
+    ro, ri = sch.split(rows, [None, largest_divisor(sch.get(rows).extent.value, MATMUL_ROWS)])
+    co, ci = sch.split(columns, [None, largest_divisor(sch.get(columns).extent.value,
+                                                       MATMUL_COLUMNS)])
+    sch.reorder(*outer, co, ro, *reduction, ri, ci)
     # one loop over the tiles: B's tile then depends on the loop's index, which keeps LLVM
     # from hoisting all of B out of a loop over A's rows (and spilling it to the stack)
-    tiles = sch.fuse(*batch, jo, io)
-    sch.reverse_compute_at(sch.get_sblock(MATMUL), tiles)
-    sch.unroll(ii)
-    sch.vectorize(ji)
-    init = sch.decompose_reduction(block, k)
-    for stage in (init, sch.get_sblock(MATMUL)):
+    tiles = sch.fuse(*outer, co, ro)
+    sch.reverse_compute_at(sch.get_sblock(copy), tiles)
+    sch.unroll(ri)
+    sch.vectorize(ci)
+    init = sch.decompose_reduction(block, reduction[0])
+    for stage in (init, sch.get_sblock(copy)):
         *_, tile_rows, tile_columns = sch.get_loops(stage)
         sch.vectorize(tile_columns)
         sch.unroll(tile_rows)
-    return sch.mod["main"]
 
 
 # ----------------------------------------------------------------- float conv2d
@@ -445,9 +442,10 @@ CONV, CONV_SUMS, PADDED = "conv2d", "conv2d_sums", "conv2d_padded"
 
 def conv2d_te(data, weight, strides, padding, dilation, epilogue=()):
     """NHWC ``data`` by HWIO ``weight`` (one group), ``padding`` (top, left, bottom,
-    right) of zeros (a padded copy of the input, ``PADDED``, where there is any): each output's sum over (filter row, filter column, input channel) in
-    that order, as TFLite's reference CONV_2D adds it; the sums (``CONV_SUMS``) and their
-    copy out, as ``matmul_te``."""
+    right) of zeros (a padded copy of the input, ``PADDED``, where there is any): each
+    output's sum over (filter row, filter column, input channel) in that order, as
+    TFLite's reference CONV_2D adds it; the sums (``CONV_SUMS``) and their copy out, as
+    ``matmul_te``."""
     from tvm import te, tirx
 
     n, h, w, _ = (int(d) for d in data.shape)
@@ -462,14 +460,15 @@ def conv2d_te(data, weight, strides, padding, dilation, epilogue=()):
     if top or left or bottom or right:  # a copy with the zeros around it (PADDED)
         def pad(b, y, x, c):
             inside = tirx.all(y >= top, y < top + h, x >= left, x < left + w)
-            at_y, at_x = tirx.max(tirx.min(y - top, h - 1), 0), tirx.max(tirx.min(x - left, w - 1), 0)
+            at_y = tirx.max(tirx.min(y - top, h - 1), 0)
+            at_x = tirx.max(tirx.min(x - left, w - 1), 0)
             return tirx.Select(inside, data[b, at_y, at_x, c], _c(0.0))
 
         padded = te.compute((n, h + top + bottom, w + left + right, ci), pad, name=PADDED)
 
     def element(b, y, x, o):
-        return te.sum(padded[b, y * sh + ry * dh, x * sw + rx * dw, rc] * weight[ry, rx, rc, o],
-                      axis=[ry, rx, rc])
+        pixel = padded[b, y * sh + ry * dh, x * sw + rx * dw, rc]
+        return te.sum(pixel * weight[ry, rx, rc, o], axis=[ry, rx, rc])
 
     sums = te.compute((n, oh, ow, co), element, name=CONV_SUMS)
     copy, consts = _epilogue(sums, epilogue)
@@ -483,30 +482,14 @@ def conv2d_func(data_shape, weight_shape, strides, padding, dilation, epilogue=(
     channels per step)."""
     from tvm import s_tir, te
 
-    from .tir_util import largest_divisor
-
     data = te.placeholder(tuple(int(d) for d in data_shape), FLOAT, "data")
     weight = te.placeholder(tuple(int(d) for d in weight_shape), FLOAT, "weight")
     out, consts = conv2d_te(data, weight, strides, padding, dilation, epilogue)
     sch = s_tir.Schedule(te.create_prim_func([data, weight, *consts, out]))
-    block = sch.get_sblock(CONV_SUMS)
-    n, y, x, o, ry, rx, rc = sch.get_loops(block)
-    rows = largest_divisor(sch.get(x).extent.value, MATMUL_ROWS)
-    columns = largest_divisor(sch.get(o).extent.value, MATMUL_COLUMNS)
-    xo, xi = sch.split(x, [None, rows])
-    oo, oi = sch.split(o, [None, columns])
-    sch.reorder(n, y, oo, xo, ry, rx, rc, xi, oi)
-    tiles = sch.fuse(n, y, oo, xo)  # see matmul_func
-    sch.reverse_compute_at(sch.get_sblock(CONV), tiles)
-    sch.unroll(xi)
-    sch.vectorize(oi)
-    init = sch.decompose_reduction(block, ry)
+    n, y, x, o, ry, rx, rc = sch.get_loops(sch.get_sblock(CONV_SUMS))
+    _schedule_tiles(sch, CONV_SUMS, CONV, [n, y], x, o, [ry, rx, rc])
     if any(padding):  # the copy: a pixel's channels at a time
         sch.vectorize(sch.get_loops(sch.get_sblock(PADDED))[-1])
-    for stage in (init, sch.get_sblock(CONV)):
-        *_, tile_rows, tile_columns = sch.get_loops(stage)
-        sch.vectorize(tile_columns)
-        sch.unroll(tile_rows)
     return sch.mod["main"]
 
 
@@ -537,7 +520,7 @@ def _tree_value(tree, inputs, out_index):
     if kind == "subtract":
         return args[0] - args[1]
     if kind == "multiply":  # a product of its own: LLVM would fuse it with an add (FMLA)
-        return _fence(args[0] * args[1])
+        return fence(args[0] * args[1])
     if kind == "divide":
         return args[0] / args[1]
     if kind == "maximum":
@@ -547,7 +530,7 @@ def _tree_value(tree, inputs, out_index):
     if kind == "negative":
         return -args[0]
     if kind == "square":
-        return _fence(args[0] * args[0])
+        return fence(args[0] * args[0])
     if kind == "sqrt":
         return tirx.sqrt(args[0])
     if kind == "rsqrt":
@@ -564,8 +547,6 @@ def tree_func(tree, input_shapes, out_shape):
     (each op one IEEE operation, as TFLite's kernel for it computes it, in one pass instead
     of one per op), a NEON register of results at a time along the last axis."""
     from tvm import s_tir, te
-
-    from .tir_util import largest_divisor
 
     inputs = [te.placeholder(tuple(int(d) for d in s), FLOAT, f"in{k}")
               for k, s in enumerate(input_shapes)]

@@ -39,7 +39,7 @@ from .gemm_compute import gemm_parts_te
 from .gemm_layout import BORDERED, ceil_div, pack_weights
 from .gemm_plan import GemmPlan
 from .reference import HYBRID_ASYMMETRIC_RANGE, HYBRID_SYMMETRIC_MAX
-from .tir_util import flatten_written, largest_divisor
+from .tir_util import fence, flatten_written, largest_divisor
 
 OP = "gemm_hybrid"
 ROW_SCALE, CHANNEL_FIRST = "row_scale", "channel_first"
@@ -65,13 +65,6 @@ class HybridScheme:
     @property
     def asymmetric(self) -> bool:
         return self.inputs == ASYMMETRIC
-
-
-def fence(value):
-    """``value`` as LLVM may not fuse with what uses it (see the module docstring)."""
-    from tvm import tirx
-
-    return tirx.call_llvm_pure_intrin(str(value.ty), "llvm.arithmetic.fence", value)
 
 
 def _round(value):

@@ -1,10 +1,20 @@
 """TIR helpers of the schedules: loop surgery, vectors of a register's width, the row tail's
 output merge, a kernel's parameters viewed in the model's shapes or declared over other
-parameters (``open_with``)."""
+parameters (``open_with``), a float value kept from FMA fusion (``fence``)."""
 
 from __future__ import annotations
 
 import numpy as np
+
+
+def fence(value):
+    """``value`` as LLVM may not fuse with what uses it: a product stays a product of its
+    own (one rounding) where LLVM would fuse it with the add after it into one FMLA, and a
+    sum is not folded with the subtraction after it. ``llvm.arithmetic.fence`` costs no
+    instruction."""
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(str(value.ty), "llvm.arithmetic.fence", value)
 
 
 def merge_outputs(func, main_name: str = "output", tail_name: str = "output_tail"):

@@ -1,12 +1,21 @@
-"""The float32 transcendental ops of a model (EXP, TANH, LOGISTIC, GELU's tanh form,
-SOFTMAX) on ``schedules.float_math``'s vectorizable exp and tanh instead of TVM's, which
-call the C library one element at a time.
+"""The float32 ops left once the integer pass has run, on ``schedules.float_math``'s vector
+kernels instead of TVM's code (which calls the C library per element for ``exp`` and
+``tanh`` and leaves products and reductions as plain loops).
 
 A dynamic-range model's float layers between its hybrid layers are these (a transformer's
-GELU and attention's SOFTMAX); a full-integer model has none left once the integer pass has
-run (its quantized SOFTMAX, LOGISTIC, TANH, GELU are integer kernels or tables). The pass
-replaces each float32 call with the same op built from ``float_math``'s TE, which TVM's
-pipeline then legalizes, fuses and builds like any other; other dtypes are left as they are.
+GELU, SOFTMAX, LayerNorm and attention products; a CNN's float stem, residual ADDs and
+pool); a full-integer model has none left (its quantized ops are integer kernels or
+tables). Each float32 call of a kind the module knows becomes a ``call_tir`` of a scheduled
+kernel, opaque to TVM's FuseOps:
+
+- EXP, TANH, LOGISTIC, GELU's tanh form, SOFTMAX, MEAN (last axis, or H and W);
+- matmul and NHWC conv2d (``Tile``), whose epilogue takes the bias, constant scale, ReLU or
+  clip that follows when nothing else reads the product;
+- a tree of elementwise ops (``float_math.TREE_OPS``) whose inner results nothing else
+  reads, as one kernel.
+
+A call an epilogue or a tree takes over is left uncalled, and ``DeadCodeElimination``
+removes it and its kernel. Other dtypes and dynamic shapes are left as they are.
 """
 
 from __future__ import annotations
@@ -17,7 +26,7 @@ from ..intrinsics import names
 from ..schedules import float_math
 from .graph import is_const
 
-FLOAT = "float32"
+FLOAT = float_math.FLOAT
 _OPS = {"relax.exp": "exp", "relax.tanh": "tanh", "relax.sigmoid": "sigmoid",
         "relax.nn.gelu_tanh": "gelu_tanh", "relax.nn.softmax": float_math.SOFTMAX,
         "relax.mean": float_math.MEAN}
@@ -112,19 +121,19 @@ def vectorized_float_math():
     class _Rewrite(relax.PyExprMutator):
         def visit_call_(self, original):
             call = super().visit_call_(original)
-            name = _OPS.get(getattr(call.op, "name", None))
+            op = getattr(call.op, "name", None)
             ty = original.ty
-            if getattr(call.op, "name", None) in _EPILOGUE_CALLS and \
-                    str(getattr(ty, "dtype", "")) == FLOAT:
+            if op in _EPILOGUE_CALLS and str(getattr(ty, "dtype", "")) == FLOAT:
                 folded = self._epilogue_op(original, call)
                 if folded is not None:
                     return folded
-            if getattr(call.op, "name", None) in _TREE_CALLS:
+            if op in _TREE_CALLS:
                 return self._tree(original, call)
-            if getattr(call.op, "name", None) == "relax.matmul":
+            if op == "relax.matmul":
                 return self._matmul(original, call)
-            if getattr(call.op, "name", None) == "relax.nn.conv2d":
+            if op == "relax.nn.conv2d":
                 return self._conv2d(original, call)
+            name = _OPS.get(op)
             if name is None or str(getattr(ty, "dtype", "")) != FLOAT or \
                     not isinstance(getattr(ty, "shape", None), relax.ShapeExpr):
                 return call
@@ -154,20 +163,21 @@ def vectorized_float_math():
             nothing else reads, as one kernel (``float_math.tree_func``): a LayerNorm's
             steps between its means, an ADD and the ReLU after it. A lone op is left to
             TVM."""
-            if _static_shapes(original) is None:
+            shapes = _static_shapes(original)
+            if shapes is None:
                 return call
             leaves = {}  # original expression -> (its input index, its shape)
             try:
                 tree = self._tree_of(original, leaves, root=True)
             except _NotATree:
                 return call
-            if tree is None or _tree_size(tree) < 2:
+            size = 0 if tree is None else _tree_size(tree)
+            if size < 2:
                 return call
             inputs = sorted(leaves.items(), key=lambda item: item[1][0])
-            func = float_math.tree_func(tree, [shape for _, (_, shape) in inputs],
-                                        _static_shapes(original)[0])
+            func = float_math.tree_func(tree, [shape for _, (_, shape) in inputs], shapes[0])
             gvar = self._add_kernel(func, "elementwise", names.elementwise_name(
-                "elementwise", FLOAT, variant=f"ops{_tree_size(tree)}"))
+                "elementwise", FLOAT, variant=f"ops{size}"))
             args = [self.visit_expr(expr) for expr, _ in inputs]
             return relax.op.call_tir(gvar, args, original.ty)
 
