@@ -305,10 +305,46 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     """
     from tvm import te, tirx
 
+    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_narrow
+
+    s = shape
+    cb = channel_block or default_channel_block(s)
+    cpad = padded_channels(s, cb)
+    mlt = s.multiplier
+    data = te.placeholder((s.batch, s.in_h, s.in_w, s.channels), "int8", "data")
+    weight = te.placeholder((s.kh, s.kw, mlt, cpad), "int8", "weight_packed")
+    bias = te.placeholder((cpad * mlt,), "int32", "bias_folded")
+    mult = te.placeholder((cpad * mlt,), "int32", "multiplier")
+    shift = te.placeholder((cpad * mlt,), "int32", "shift")
+    acc = accumulate_te(s, data, weight, lambda n, oc: bias[oc].asobject(),
+                        lambda n: tirx.const(in_zp, "int8"), channel_block=cb,
+                        int16_pairs=int16_pairs, lane_dots=lane_dots)
+    lo, hi = act_range
+    narrow_below = min_shift if s.taps <= NARROW_MAX_TAPS else None  # see the module
+
+    def requant_element(n, oh, ow, oc):
+        x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
+        return requantize_narrow(x, mult[oc].asobject(),
+                                 bounded_shift(shift[oc].asobject(), max_shift, narrow_below),
+                                 out_zp, lo, hi)
+
+    out = output_te(s, cb, requant_element)
+    return data, weight, bias, mult, shift, out
+
+
+def accumulate_te(shape: DepthwiseShape, data, weight, start, pad_value, *,
+                  channel_block: int | None = None, int16_pairs: bool = True,
+                  lane_dots: bool = False):
+    """The ``acc`` stage, int32 [N, OH, OW, M, C_pad]: ``start(n, oc)`` plus every tap's
+    product, over ``data`` [N, H, W, C] int8 and ``weight`` [kh, kw, M, C_pad] int8 (as
+    ``pack_weights`` lays it), read through a ``pad`` stage holding ``pad_value(n)`` (int8)
+    outside the image, when the layer has padding or padded channels. The taps as
+    ``depthwise_te`` says (``int16_pairs``, ``lane_dots``); ``depthwise_te`` starts from the
+    folded bias, the hybrid kernel from its run-time zero point's term."""
+    from tvm import te, tirx
+
     from tvm_armq.intrinsics.lane_dot import TAPS as DOT_TAPS
     from tvm_armq.intrinsics.lane_dot import lane_dot4
-
-    from tvm_armq.intrinsics.qmuls import bounded_shift, requantize_narrow
 
     s = shape
     cb = channel_block or default_channel_block(s)
@@ -319,17 +355,10 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
     taps = s.taps
     group = 2 if int16_pairs else 1
 
-    data = te.placeholder((s.batch, s.in_h, s.in_w, s.channels), "int8", "data")
-    weight = te.placeholder((s.kh, s.kw, mlt, cpad), "int8", "weight_packed")
-    bias = te.placeholder((cpad * mlt,), "int32", "bias_folded")
-    mult = te.placeholder((cpad * mlt,), "int32", "multiplier")
-    shift = te.placeholder((cpad * mlt,), "int32", "shift")
-
     if any(s.padding) or cpad != s.channels:
         def pad_element(n, h, w, c):
             inside = tirx.all(h >= pt, h < s.in_h + pt, w >= pl, w < s.in_w + pl, c < s.channels)
-            return tirx.if_then_else(inside, data[n, h - pt, w - pl, c],
-                                     tirx.const(in_zp, "int8"))
+            return tirx.if_then_else(inside, data[n, h - pt, w - pl, c], pad_value(n))
 
         xp = te.compute((s.batch, s.in_h + pt + pb, s.in_w + pl + pr, cpad), pad_element,
                         name="pad")
@@ -348,10 +377,10 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
 
     def acc_element(n, oh, ow, m, c):
         # The taps are written out (unrolled by construction). With lane_dots, groups of
-        # four go through lane_dot4 first: bias + dot(x0..x3, w0..w3) + ... Then one int16
+        # four go through lane_dot4 first: start + dot(x0..x3, w0..w3) + ... Then one int16
         # sum per group of ``group`` taps, each widened and added to the int32
-        # accumulator, which starts at the folded bias: + int32(p0 + p1) + ...
-        total = bias[c * mlt + m].asobject()
+        # accumulator: + int32(p0 + p1) + ...
+        total = start(n, c * mlt + m)
         for first in range(0, dotted, DOT_TAPS):
             pairs = [operands(n, oh, ow, m, c, t) for t in range(first, first + DOT_TAPS)]
             total = lane_dot4(total, [x.asobject() for x, _ in pairs],
@@ -364,25 +393,23 @@ def depthwise_te(shape: DepthwiseShape, *, in_zp: int, out_zp: int, act_range=(-
             total = total + pair.astype("int32")
         return total
 
-    acc = te.compute((s.batch, s.out_h, s.out_w, mlt, cpad), acc_element, name="acc")
-    lo, hi = act_range
+    return te.compute((s.batch, s.out_h, s.out_w, mlt, cpad), acc_element, name="acc")
 
-    narrow_below = min_shift if s.taps <= NARROW_MAX_TAPS else None  # see the module
 
-    def requant_element(n, oh, ow, oc):
-        x = acc[n, oh, ow, oc % mlt, oc // mlt].asobject()
-        return requantize_narrow(x, mult[oc].asobject(),
-                                 bounded_shift(shift[oc].asobject(), max_shift, narrow_below),
-                                 out_zp, lo, hi)
+def output_te(shape: DepthwiseShape, channel_block: int, element):
+    """The ``output`` stage [N, OH, OW, C * M] of ``element(n, oh, ow, oc)`` (the epilogue
+    of one output channel, reading ``acc``); with padded channels a ``requant`` stage over
+    all C_pad * M channels first, then the copy of the first C * M."""
+    from tvm import te
 
+    s = shape
+    cpad = padded_channels(s, channel_block)
     if cpad == s.channels:
-        out = te.compute((s.batch, s.out_h, s.out_w, s.out_c), requant_element, name="output")
-    else:
-        res = te.compute((s.batch, s.out_h, s.out_w, cpad * mlt), requant_element,
-                         name="requant")
-        out = te.compute((s.batch, s.out_h, s.out_w, s.out_c),
-                         lambda n, oh, ow, oc: res[n, oh, ow, oc], name="output")
-    return data, weight, bias, mult, shift, out
+        return te.compute((s.batch, s.out_h, s.out_w, s.out_c), element, name="output")
+    res = te.compute((s.batch, s.out_h, s.out_w, cpad * s.multiplier), element,
+                     name="requant")
+    return te.compute((s.batch, s.out_h, s.out_w, s.out_c),
+                      lambda n, oh, ow, oc: res[n, oh, ow, oc], name="output")
 
 
 def depthwise_func(shape: DepthwiseShape, **kwargs):

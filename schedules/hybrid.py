@@ -227,6 +227,25 @@ def quantize_func(groups: int, length: int, scheme: HybridScheme, *, parallel: b
     return sch.mod["main"]
 
 
+def scaled(acc, q_scale, w_scale, bias, scheme: HybridScheme, act_range=None):
+    """The float32 output of one int32 sum ``acc`` (the zero point's term already taken
+    away), in the order ``scheme.epilogue`` names (module docstring), then the fused
+    activation's clamp: ``act_range`` = (lo, hi) in float, either side None; None: none."""
+    from tvm import tirx
+
+    x = acc.astype(FLOAT)
+    if scheme.epilogue == CHANNEL_FIRST:
+        y = fence(fence(x * w_scale) * q_scale) + bias
+    else:
+        y = bias + fence(x * (q_scale * w_scale))
+    lo, hi = act_range if act_range is not None else (None, None)
+    if hi is not None:
+        y = tirx.min(y, tirx.const(float(hi), FLOAT))
+    if lo is not None:
+        y = tirx.max(y, tirx.const(float(lo), FLOAT))
+    return y
+
+
 def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
     """TE tensors of the hybrid layer's GEMM of ``plan`` (``gemm_plan.plan`` with an int8
     kernel): (data_q, q_params, B_packed, w_scale, colsum, bias, outputs...).
@@ -255,22 +274,12 @@ def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
             raise ValueError(f"{OP}: {s}: a padded asymmetric layer takes one image")
         pad = params[0, ZERO_POINT].astype("int8")
     pixels = s.out_h * s.out_w  # GEMM rows per quantization group
-    lo, hi = act_range if act_range is not None else (None, None)
 
     def out_element(acc, m, g, c):
         b = m // pixels
         if scheme.asymmetric:
             acc = acc - params[b, ZERO_POINT].astype("int32") * colsum[c]
-        x = acc.astype(FLOAT)
-        if scheme.epilogue == CHANNEL_FIRST:
-            y = fence(fence(x * w_scale[c]) * params[b, SCALE]) + bias[c]
-        else:
-            y = bias[c] + fence(x * (params[b, SCALE] * w_scale[c]))
-        if hi is not None:
-            y = tirx.min(y, tirx.const(float(hi), FLOAT))
-        if lo is not None:
-            y = tirx.max(y, tirx.const(float(lo), FLOAT))
-        return y
+        return scaled(acc, params[b, SCALE], w_scale[c], bias[c], scheme, act_range)
 
     outputs = gemm_parts_te(plan, data_q, b_packed, pad, out_element)
     return (data_q, params, b_packed, w_scale, colsum, bias, *outputs)
@@ -305,6 +314,99 @@ def constants(plan: GemmPlan, weight_hwio: np.ndarray, w_scale, bias, scheme: Hy
             np.broadcast_to(np.asarray(w_scale, np.float32).reshape(-1), (n,)).copy(),
             colsum.astype(np.int32),
             np.zeros(n, np.float32) if bias is None else np.asarray(bias, np.float32)]
+
+
+# ------------------------------------------------------------------ depthwise
+# A depthwise layer (TFLite's DEPTHWISE_CONV_2D, or a CONV_2D of one input channel per
+# group) has no K to reduce: it runs on ``depthwise.py``'s kernel, channels in the lanes,
+# over the same int8 input (``params_func`` / ``quantize_func``, a group per image). Its
+# accumulator starts at -zp[b] * w_sum[c] (w_sum: the channel's sum of taps) instead of the
+# folded bias, a padded pixel holds zp[b] (TFLite leaves such taps out: the same sum),
+# and ``scaled`` is the epilogue.
+DEPTHWISE_OP = "depthwise_hybrid"
+
+
+def depthwise_te(shape, scheme: HybridScheme, *, act_range=None, channel_block=None,
+                 int16_pairs: bool = True, lane_dots: bool = False):
+    """TE tensors of the hybrid depthwise layer of ``shape`` (``depthwise.DepthwiseShape``):
+    (data_q, q_params, weight_packed, w_sum, w_scale, bias, output). data_q int8 NHWC and
+    q_params as ``hybrid_gemm_te``'s (a group per image); weight_packed as
+    ``depthwise.pack_weights`` lays it; w_sum int32, w_scale and bias float32 over the
+    padded channels (``depthwise_constants``). Output float32 NHWC."""
+    from tvm import te
+
+    from . import depthwise as dw
+
+    s = shape
+    cb = channel_block or dw.default_channel_block(s)
+    channels = dw.padded_channels(s, cb) * s.multiplier
+    data_q = te.placeholder((s.batch, s.in_h, s.in_w, s.channels), "int8", QUANTIZE_STAGE)
+    params = te.placeholder((s.batch, PARAMS), FLOAT, PARAMS_STAGE)
+    weight = te.placeholder((s.kh, s.kw, s.multiplier, channels // s.multiplier), "int8",
+                            "weight_packed")
+    w_sum = te.placeholder((channels,), "int32", "w_sum")
+    w_scale = te.placeholder((channels,), FLOAT, "w_scale")
+    bias = te.placeholder((channels,), FLOAT, "bias")
+
+    def zero_point(n):
+        return params[n, ZERO_POINT]
+
+    acc = dw.accumulate_te(s, data_q, weight,
+                           lambda n, oc: -(zero_point(n).astype("int32") * w_sum[oc]),
+                           lambda n: zero_point(n).astype("int8"), channel_block=cb,
+                           int16_pairs=int16_pairs, lane_dots=lane_dots)
+    mlt = s.multiplier
+
+    def element(n, oh, ow, oc):
+        total = acc[n, oh, ow, oc % mlt, oc // mlt]
+        return scaled(total, params[n, SCALE], w_scale[oc], bias[oc], scheme, act_range)
+
+    out = dw.output_te(s, cb, element)
+    return data_q, params, weight, w_sum, w_scale, bias, out
+
+
+def depthwise_func(shape, scheme: HybridScheme, **kwargs):
+    """The hybrid depthwise layer as one TIR PrimFunc, unscheduled (``depthwise_te``);
+    ``depthwise.schedule_depthwise`` schedules it."""
+    from tvm import te
+
+    return te.create_prim_func(list(depthwise_te(shape, scheme, **kwargs)))
+
+
+def depthwise_constants(shape, weight, w_scale, bias, *, channel_block=None,
+                        int16_pairs: bool = True):
+    """The compile-time operands of ``depthwise_func`` after the input, in its order:
+    the packed weights, each output channel's sum of taps, its weight scale and its bias
+    (zeros without one), the last three padded to the kernel's channels with zeros.
+    ``weight``: [kh, kw, 1, C * M] (HWIO of one input channel per group) or TFLite's
+    [1, kh, kw, C * M]."""
+    from . import depthwise as dw
+
+    s = shape
+    cb = channel_block or dw.default_channel_block(s)
+    channels = dw.padded_channels(s, cb) * s.multiplier
+    taps = np.asarray(weight).reshape(s.kh * s.kw, s.out_c)
+
+    def padded(values, dtype):
+        out = np.zeros(channels, dtype)
+        out[:s.out_c] = np.broadcast_to(np.asarray(values, dtype).reshape(-1), (s.out_c,))
+        return out
+
+    return [dw.pack_weights(taps.reshape(s.kh, s.kw, s.out_c), s, cb, int16_pairs),
+            padded(taps.astype(np.int64).sum(axis=0), np.int32),
+            padded(w_scale, np.float32),
+            padded(np.zeros(s.out_c) if bias is None else bias, np.float32)]
+
+
+def depthwise_kernel_name(shape, isa: str, *, int16_pairs: bool) -> str:
+    """``depthwise_hybrid_f32s8f32_3x3_dotprod`` (taps in fours through sdot) or
+    ``..._neon_pairs16`` / ``..._neon`` (widening multiply-accumulates, two taps' products
+    summed in int16 or not), as the integer depthwise kernels are named."""
+    from tvm_armq.intrinsics import names
+
+    variant = "pairs16" if isa == "neon" and int16_pairs else None
+    return names.kernel_name(DEPTHWISE_OP, (FLOAT, "int8", FLOAT), isa,
+                             (shape.kh, shape.kw), variant)
 
 
 def kernel_name(kernel, scheme: HybridScheme) -> str:

@@ -92,22 +92,25 @@ def fully_connected(act: str, k: int = 16, n: int = 8, rows: int = 1) -> bytes:
                            (tflite.BuiltinOptions.FullyConnectedOptions, options))
 
 
-def dynamic_range_depthwise(c: int = 8) -> bytes:
-    """A DEPTHWISE_CONV_2D of TFLite's dynamic-range quantization (float32 input, bias and
-    output; the weight int8 with its scale): an op tvm_armq has no hybrid kernel for."""
+def dynamic_range_rnn(units: int = 4, size: int = 8) -> bytes:
+    """An RNN of TFLite's dynamic-range quantization (float32 input, state and output;
+    int8 input and recurrent weights with their scales): an op tvm_armq has no hybrid
+    kernel for."""
     import tflite
 
     from tvm_armq.frontend.writer import options, single_op_model
 
-    w = np.random.default_rng(0).integers(-127, 127, (1, 3, 3, c), endpoint=True)
-    tensors = [dict(shape=(1, 6, 6, c), dtype="float32"),
-               dict(shape=(1, 3, 3, c), dtype="int8", q=(0.01, 0), data=w.astype(np.int8)),
-               dict(shape=(c,), dtype="float32", data=np.zeros(c, np.float32)),
-               dict(shape=(1, 6, 6, c), dtype="float32")]
-    return single_op_model(tflite.BuiltinOperator.DEPTHWISE_CONV_2D, tensors, [0, 1, 2], [3],
-                           options("DepthwiseConv2DOptions", Padding=0, StrideW=1, StrideH=1,
-                                   DepthMultiplier=1, DilationWFactor=1,
-                                   DilationHFactor=1))
+    rng = np.random.default_rng(0)
+    tensors = [dict(shape=(1, size), dtype="float32"),
+               dict(shape=(units, size), dtype="int8", q=(0.01, 0),
+                    data=rng.integers(-127, 127, (units, size), endpoint=True).astype(np.int8)),
+               dict(shape=(units, units), dtype="int8", q=(0.01, 0),
+                    data=rng.integers(-127, 127, (units, units), endpoint=True).astype(np.int8)),
+               dict(shape=(units,), dtype="float32", data=np.zeros(units, np.float32)),
+               dict(shape=(1, units), dtype="float32"),
+               dict(shape=(1, units), dtype="float32")]
+    return single_op_model(tflite.BuiltinOperator.RNN, tensors, [0, 1, 2, 3, 4], [5],
+                           options("RNNOptions", FusedActivationFunction=0))
 
 
 def float_tanh(n: int = 1024) -> bytes:
@@ -131,7 +134,7 @@ def models(tmp_path_factory):
              # four rows: a GEMM that runs smmla at i8mm (one row runs sdot there)
              "int8_rows": fully_connected("int8", rows=4),
              "float": fully_connected("float32"),
-             "dynamic_range": dynamic_range_depthwise(),
+             "dynamic_range": dynamic_range_rnn(),
              "tanh": float_tanh(),
              "truncated": cli.BUNDLED_MODEL.read_bytes()[:480184],
              "flipped": bytes([int8[0] ^ 0xFF]) + int8[1:]}
@@ -188,8 +191,10 @@ def test_dynamic_range_model_names_the_operator(models, command, tmp_path):
     the model instead (never a traceback)."""
     res = tvm_armq(command, models["dynamic_range"], *(["-o", tmp_path / "m.so"]
                                                        if command == "compile" else []))
-    error_of(res, UNSUPPORTED, str(models["dynamic_range"]), "operator 0 (DEPTHWISE_CONV_2D)",
-             "dynamic-range quantized", "FULLY_CONNECTED and CONV_2D", "representative dataset")
+    error_of(res, UNSUPPORTED, str(models["dynamic_range"]), "operator 0 (RNN)",
+             "dynamic-range quantized",
+             "FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D and BATCH_MATMUL",
+             "representative dataset")
     assert not (tmp_path / "m.so").exists()
 
 

@@ -32,21 +32,26 @@ ACT = {"none": (0, None), "relu": (1, (0.0, None)), "relu6": (3, (0.0, 6.0))}
 
 @dataclasses.dataclass(frozen=True)
 class Case:
-    """One single-op hybrid model: FULLY_CONNECTED of ``in_shape`` (rows of its last axis)
-    or CONV_2D of an NHWC ``in_shape`` with a ``kernel`` x ``kernel`` filter."""
+    """One single-op hybrid model: FULLY_CONNECTED of ``in_shape`` (rows of its last axis);
+    CONV_2D or DEPTHWISE_CONV_2D of an NHWC ``in_shape`` with a ``kernel`` x ``kernel``
+    filter; BATCH_MATMUL of ``in_shape`` ([..., M, K] as the product reads it) by a constant
+    of batch axes ``w_batch`` and ``out_c`` columns."""
 
     name: str
-    op: str                  # "fc" | "conv"
+    op: str                  # "fc" | "conv" | "dw" | "bmm"
     in_shape: tuple
-    out_c: int
-    per_channel: bool
-    asymmetric: bool = True  # FULLY_CONNECTED's option; CONV_2D decides by its scales
+    out_c: int               # a depthwise layer's: channels x multiplier
+    per_channel: bool        # a depthwise layer's scales are always per channel
+    asymmetric: bool = True  # FULLY_CONNECTED's and BATCH_MATMUL's option; CONV_2D decides
+                             # by its scales; DEPTHWISE_CONV_2D is always asymmetric
     act: str = "none"
     bias: bool = True
     keep_num_dims: bool = False
     kernel: int = 3
     stride: int = 1
     same: bool = True
+    w_batch: tuple = ()      # BATCH_MATMUL: the constant's batch axes
+    adjoint: bool = False    # BATCH_MATMUL: adj_x and adj_y (both operands stored swapped)
 
 
 CASES = (
@@ -59,14 +64,25 @@ CASES = (
     Case("conv_3x3_s2_valid_tensor", "conv", (1, 10, 10, 8), 12, False, stride=2,
          same=False),
     Case("conv_1x1_channel", "conv", (1, 6, 6, 16), 24, True, kernel=1),
+    Case("dw_3x3_same_relu6", "dw", (1, 9, 9, 24), 24, True, act="relu6"),
+    Case("dw_3x3_s2_valid_m2", "dw", (1, 10, 10, 12), 24, True, stride=2, same=False),
+    Case("dw_5x5_same", "dw", (1, 8, 8, 16), 16, True, kernel=5),
+    Case("bmm_asym_batched_broadcast", "bmm", (2, 1, 5, 40), 24, False, bias=False,
+         w_batch=(3,)),
+    Case("bmm_sym_channel_adjoint", "bmm", (2, 6, 40), 20, True, asymmetric=False, bias=False,
+         adjoint=True),
 )
 
 
 def _weights(case: Case, rng):
-    """(int8 weight in TFLite's layout, float32 scales per output channel, bias or None)."""
+    """(int8 weight as the product reads it, float32 scales per output channel, bias or
+    None). The layout: FULLY_CONNECTED [N, K], CONV_2D OHWI, DEPTHWISE_CONV_2D
+    [1, kh, kw, C * M], BATCH_MATMUL [*w_batch, K, N]."""
     n = case.out_c
-    shape = ((n, case.in_shape[-1]) if case.op == "fc"
-             else (n, case.kernel, case.kernel, case.in_shape[-1]))
+    shape = {"fc": (n, case.in_shape[-1]),
+             "conv": (n, case.kernel, case.kernel, case.in_shape[-1]),
+             "dw": (1, case.kernel, case.kernel, n),
+             "bmm": (*case.w_batch, case.in_shape[-1], n)}[case.op]
     w = rng.integers(-127, 127, shape, endpoint=True).astype(np.int8)
     scales = (rng.uniform(0.002, 0.02, n) if case.per_channel
               else np.full(n, 0.004)).astype(np.float32)
@@ -80,10 +96,34 @@ def model_bytes(case: Case) -> bytes:
     from tvm_armq.frontend.writer import Operator, graph_model, options
 
     w, scales, bias = _weights(case, np.random.default_rng(len(case.name)))
-    q = ((scales, np.zeros(case.out_c, np.int64), 0) if case.per_channel
+    # per-channel scales run along the output channel's axis of the weight as stored
+    axis = {"fc": 0, "conv": 0, "dw": 3,
+            "bmm": len(case.w_batch) + (0 if case.adjoint else 1)}[case.op]
+    q = ((scales, np.zeros(case.out_c, np.int64), axis) if case.per_channel
          else (float(scales[0]), 0))
     act_code = ACT[case.act][0]
-    if case.op == "fc":
+    in_shape = case.in_shape
+    if case.op == "bmm":
+        code = tflite.BuiltinOperator.BATCH_MATMUL
+        opts = options("BatchMatMulOptions", AdjX=case.adjoint, AdjY=case.adjoint,
+                       AsymmetricQuantizeInputs=case.asymmetric)
+        batch = np.broadcast_shapes(case.in_shape[:-2], case.w_batch)
+        out_shape = (*batch, case.in_shape[-2], case.out_c)
+        if case.adjoint:  # both operands stored with their last two axes swapped
+            in_shape = (*in_shape[:-2], in_shape[-1], in_shape[-2])
+            w = np.swapaxes(w, -1, -2)
+    elif case.op == "dw":
+        b, h, wd, c = case.in_shape
+        size = [(-(-d // case.stride) if case.same else (d - case.kernel) // case.stride + 1)
+                for d in (h, wd)]
+        out_shape = (b, *size, case.out_c)
+        code = tflite.BuiltinOperator.DEPTHWISE_CONV_2D
+        opts = options("DepthwiseConv2DOptions", Padding=0 if case.same else 1,
+                       StrideW=case.stride, StrideH=case.stride,
+                       DepthMultiplier=case.out_c // c,
+                       FusedActivationFunction=act_code, DilationWFactor=1,
+                       DilationHFactor=1)
+    elif case.op == "fc":
         rows = int(np.prod(case.in_shape[:-1]))
         out_shape = ((*case.in_shape[:-1], case.out_c) if case.keep_num_dims
                      else (rows, case.out_c))
@@ -101,10 +141,10 @@ def model_bytes(case: Case) -> bytes:
                        StrideW=case.stride, StrideH=case.stride,
                        FusedActivationFunction=act_code, DilationWFactor=1,
                        DilationHFactor=1)
-    tensors = [dict(shape=case.in_shape, dtype="float32"),
-               dict(shape=w.shape, dtype="int8", q=q, data=w),
+    tensors = [dict(shape=in_shape, dtype="float32"),
+               dict(shape=w.shape, dtype="int8", q=q, data=np.ascontiguousarray(w)),
                dict(shape=out_shape, dtype="float32")]
-    inputs = [0, 1, -1]
+    inputs = [0, 1] if case.op == "bmm" else [0, 1, -1]  # BATCH_MATMUL has no bias slot
     if bias is not None:
         tensors.append(dict(shape=(case.out_c,), dtype="float32", data=bias))
         inputs[2] = 3
@@ -118,11 +158,14 @@ def case_inputs(case: Case, seed: int) -> list[np.ndarray]:
     zero (TFLite's scale-1 path), where it has more than one row."""
     rng = np.random.default_rng(100 + seed)
     x = rng.normal(0, 1, case.in_shape).astype(np.float32)
-    groups = x.reshape(-1, case.in_shape[-1]) if case.op == "fc" else x.reshape(x.shape[0], -1)
+    rows = case.op in ("fc", "bmm")
+    groups = x.reshape(-1, case.in_shape[-1]) if rows else x.reshape(x.shape[0], -1)
     for g in range(groups.shape[0]):
         groups[g] = groups[g] * rng.uniform(0.05, 8) + rng.uniform(-3, 3)
-    if case.op == "fc" and groups.shape[0] > 1:
+    if rows and groups.shape[0] > 1:
         groups[1] = 0
+    if case.op == "bmm" and case.adjoint:  # as the model stores it
+        x = np.ascontiguousarray(np.swapaxes(x, -1, -2))
     return [x]
 
 
@@ -132,6 +175,29 @@ def reference_outputs(case: Case, x: np.ndarray) -> np.ndarray:
     w, scales, bias = _weights(case, np.random.default_rng(len(case.name)))
     act = ACT[case.act][1]
     zero_bias = np.zeros(case.out_c, np.float32)
+    if case.op == "bmm":  # each row of x on its own; the product per broadcast batch index
+        if case.adjoint:
+            x = np.swapaxes(x, -1, -2)
+        k = case.in_shape[-1]
+        q, s, zp = ref.hybrid_quantize(x.reshape(-1, k), symmetric=not case.asymmetric)
+        q = (q.astype(np.int64) - zp[:, None]).reshape(x.shape)
+        acc = np.matmul(q, w.astype(np.int64))  # broadcasts the batch axes as TFLite does
+        s = np.broadcast_to(s.reshape(x.shape[:-1]), acc.shape[:-1]).reshape(-1)
+        out = ref.hybrid_scale(acc.reshape(-1, 1, case.out_c), s, scales, zero_bias,
+                               channel_first=False, act_range=act)
+        return out.reshape(acc.shape)
+    if case.op == "dw":  # the image quantized asymmetrically, padding left out
+        b = x.shape[0]
+        q, s, zp = ref.hybrid_quantize(x.reshape(b, -1), symmetric=False)
+        pads = _same_pads(case, x) if case.same else (0, 0, 0, 0)
+        acc = np.stack([ref.depthwise_conv2d_nhwc(
+            q.reshape(x.shape)[i:i + 1], w, np.zeros(case.out_c, np.int32), in_zp=int(zp[i]),
+            multiplier=case.out_c // x.shape[-1], strides=(case.stride,) * 2, padding=pads)
+            for i in range(b)])
+        out = ref.hybrid_scale(acc.reshape(b, -1, case.out_c), s, scales,
+                               zero_bias if bias is None else bias, channel_first=False,
+                               act_range=act)
+        return out.reshape(b, *acc.shape[2:4], case.out_c)
     if case.op == "fc":
         k = case.in_shape[-1]
         q, s, zp = ref.hybrid_quantize(x.reshape(-1, k), symmetric=not case.asymmetric)
@@ -143,13 +209,7 @@ def reference_outputs(case: Case, x: np.ndarray) -> np.ndarray:
     per_channel = case.per_channel
     q, s, zp = ref.hybrid_quantize(x.reshape(b, -1), symmetric=not per_channel)
     q = q.reshape(x.shape)
-    pads = (0, 0, 0, 0)
-    if case.same:
-        from tvm_armq.frontend.converters import same_padding
-
-        (pt, pb), (pl, pr) = (same_padding(d, case.kernel, case.stride, 1)
-                              for d in x.shape[1:3])
-        pads = (pt, pl, pb, pr)
+    pads = _same_pads(case, x) if case.same else (0, 0, 0, 0)
     accs = [ref.conv2d_nhwc(q[i:i + 1], w.transpose(1, 2, 3, 0),
                             np.zeros(case.out_c, np.int32), in_zp=int(zp[i]),
                             strides=(case.stride, case.stride), padding=pads)
@@ -158,6 +218,14 @@ def reference_outputs(case: Case, x: np.ndarray) -> np.ndarray:
     out = ref.hybrid_scale(acc, s, scales, zero_bias if bias is None else bias,
                            channel_first=per_channel, act_range=act)
     return out.reshape(b, *accs[0].shape[1:3], case.out_c)
+
+
+def _same_pads(case: Case, x) -> tuple:
+    """(top, left, bottom, right) of TFLite's SAME padding of the case's window."""
+    from tvm_armq.frontend.converters import same_padding
+
+    (pt, pb), (pl, pr) = (same_padding(d, case.kernel, case.stride, 1) for d in x.shape[1:3])
+    return pt, pl, pb, pr
 
 
 @pytest.fixture(scope="module")
@@ -204,11 +272,17 @@ def test_hybrid_layer_on_device(case, level, models, compiled_models):
     model = models[case.name]
     report, runs = compiled_models(level, case.name, model, SEEDS,
                                    make_inputs=lambda seed: case_inputs(case, seed))
-    assert len(report) == 1 and isinstance(report[0], Lowered), report
-    scheme = (hybrid.ASYMMETRIC if (case.asymmetric if case.op == "fc" else case.per_channel)
-              else hybrid.SYMMETRIC)
-    kernel = report[0].kernel
-    assert kernel.startswith("gemm_hybrid_f32s8f32_") and kernel.endswith(f"_{scheme}"), kernel
+    layers = int(np.prod(np.broadcast_shapes(case.in_shape[:-2], case.w_batch))) \
+        if case.w_batch else 1  # a BATCH_MATMUL: a layer per weight matrix it applies
+    assert len(report) == layers and all(isinstance(r, Lowered) for r in report), report
+    for record in report:
+        if case.op == "dw":
+            assert record.kernel.startswith("depthwise_hybrid_f32s8f32_"), record.kernel
+            continue
+        asymmetric = case.asymmetric if case.op in ("fc", "bmm") else case.per_channel
+        scheme = hybrid.ASYMMETRIC if asymmetric else hybrid.SYMMETRIC
+        assert record.kernel.startswith("gemm_hybrid_f32s8f32_") and \
+            record.kernel.endswith(f"_{scheme}"), record.kernel
     assert len(runs) == len(SEEDS)
     for seed, (got, expected) in zip(SEEDS, runs):
         assert_exact(got, expected, f"{case.name} at {level}, seed {seed}")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from .frontend.converters import operator_of
+from .frontend.converters import layer_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,7 +41,7 @@ class Fallback:
 
     def line(self) -> str:
         where = self.name
-        tflite_op = operator_of(self.name)
+        tflite_op = layer_of(self.name)
         # the TFLite operator the layer came from (frontend/converters.py)
         if tflite_op is not None:
             where = f"{tflite_op[1]} (TFLite operator {tflite_op[0]})"

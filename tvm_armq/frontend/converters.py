@@ -103,6 +103,23 @@ def operator_of(name: str) -> tuple[int, str] | None:
     return (int(m.group(1)), m.group(2).upper()) if m else None
 
 
+_PART = re.compile(r"^(op\d+_[a-z0-9_]+?)__part(\d+)$")
+
+
+def part_name(index: int, code: str, part: int) -> str:
+    """The variable of part ``part`` of TFLite operator ``index`` when the converter makes
+    the operator of several layers (a BATCH_MATMUL with a weight matrix per batch): the
+    pass lowers each as a layer of that operator; ``operator_of`` does not take it for the
+    operator's output (``diff`` compares outputs with TFLite's tensors)."""
+    return f"{operator_name(index, code)}__part{part}"
+
+
+def layer_of(name: str) -> tuple[int, str] | None:
+    """(operator index, op code) of an operator's variable or of one of its parts."""
+    m = _PART.match(name)
+    return operator_of(m.group(1) if m else name)
+
+
 def _recorded_shape(tensor) -> tuple[int, ...]:
     """The shape a flatbuffer tensor records. A dimension the model leaves open (-1 in its
     shape signature, Keras' batch) is recorded as the size the model was converted with,
@@ -397,11 +414,13 @@ def _convert_batch_matmul(original):
 
         a_t, b_t = self.get_input_tensors(op)
         out_t = self.get_output_tensors(op)[0]
-        if not (a_t.qnn_params and b_t.qnn_params and out_t.qnn_params):
-            return original(self, op)
         opts = BatchMatMulOptions()
         table = op.BuiltinOptions()
         opts.Init(table.Bytes, table.Pos)
+        if is_hybrid(a_t, b_t):
+            return _hybrid_batch_matmul(self, op, a_t, b_t, out_t, opts)
+        if not (a_t.qnn_params and b_t.qnn_params and out_t.qnn_params):
+            return original(self, op)
         operands = []
         for t, adjoint in ((a_t, opts.AdjX()), (b_t, opts.AdjY())):
             d = self.bb.normalize(self.dequantize(self.get_tensor_expr(t), t))
@@ -415,7 +434,7 @@ def _convert_batch_matmul(original):
 # ------------------------------------------------------------- dynamic-range (hybrid)
 # A hybrid layer's weight dequantize is bound to a variable named for how TFLite computes
 # the layer (``hybrid_name``): the pass (``passes/hybrid.py``) reads the scheme from it.
-HYBRID_OPS = ("FULLY_CONNECTED", "CONV_2D")
+HYBRID_OPS = ("FULLY_CONNECTED", "CONV_2D", "DEPTHWISE_CONV_2D", "BATCH_MATMUL")
 _HYBRID = re.compile(r"^hybrid_(sym|asym)_(row_scale|channel_first)")
 
 
@@ -501,6 +520,71 @@ def _convert_fully_connected(original):
     return convert_fully_connected
 
 
+def _hybrid_batch_matmul(self, op, a_t, b_t, out_t, opts):
+    """A dynamic-range BATCH_MATMUL (float32 x times a constant int8 y), as TFLite's
+    ``EvalHybrid`` computes it: each row of x (after ``adj_x``) quantized on its own, the
+    sums scaled by the row's scale times the weight's, no bias. With one weight matrix
+    (y 2-D, or its batch axes all 1) that is a hybrid dense layer over all rows of x; with
+    several, one hybrid dense layer per batch index of the broadcast batch shape, on x's
+    slice and y's matrix there, each bound to a ``part_name`` of the operator (the pass
+    takes each one as a layer of this operator), their outputs concatenated."""
+    import tvm
+    from tvm import relax
+
+    from ..schedules import hybrid
+
+    if self.has_expr(b_t.tensor_idx) or b_t.buffer is None or not b_t.buffer.DataLength():
+        raise tvm.error.OpNotImplemented(
+            "BATCH_MATMUL of a float32 and an int8 operand that is not a constant: TFLite "
+            "runs the hybrid kernel on a constant int8 operand only")
+    w = self.get_tensor_value(b_t)
+    scales = np.atleast_1d(b_t.tensor.Quantization().ScaleAsNumpy())
+    n_axis = w.ndim - 2 if opts.AdjY() else w.ndim - 1
+    axis = b_t.tensor.Quantization().QuantizedDimension()
+    if scales.size > 1 and axis != n_axis:
+        raise tvm.error.OpNotImplemented(
+            f"BATCH_MATMUL: the int8 operand's scales run along its axis {axis}, not its "
+            f"output axis {n_axis}")
+    if opts.AdjY():
+        w = np.swapaxes(w, -1, -2)
+    *w_batch, k, n = w.shape
+    x, x_shape = self.get_tensor_expr(a_t), _recorded_shape(a_t.tensor)
+    if opts.AdjX():
+        x = _last_two_swapped(x, len(x_shape))
+        x_shape = (*x_shape[:-2], x_shape[-1], x_shape[-2])
+    *x_batch, m, _ = x_shape
+    scheme = (hybrid.ASYMMETRIC if opts.AsymmetricQuantizeInputs() else hybrid.SYMMETRIC,
+              hybrid.ROW_SCALE)
+    out_shape = _recorded_shape(out_t.tensor)
+    matrices = w.reshape(-1, k, n)
+    if len(matrices) == 1:
+        rows = int(np.prod(x_batch, dtype=np.int64)) * m
+        y = relax.op.matmul(relax.op.reshape(x, (rows, k)),
+                            _hybrid_weight(self, matrices[0], b_t, 1, scheme))
+        return relax.op.reshape(y, out_shape)
+    batch = np.broadcast_shapes(tuple(x_batch), tuple(w_batch))
+    x3 = relax.op.reshape(x, (int(np.prod(x_batch, dtype=np.int64)), m, k))
+    weights, parts = {}, []
+    index = self.armq_positions[op._tab.Pos]
+    for part, at in enumerate(np.ndindex(*batch)):
+        xi, wi = (_broadcast_index(at, tuple(dims)) for dims in (x_batch, w_batch))
+        if wi not in weights:
+            weights[wi] = _hybrid_weight(self, matrices[wi], b_t, 1, scheme)
+        x_slice = relax.op.reshape(
+            relax.op.strided_slice(x3, axes=[0], begin=[xi], end=[xi + 1]), (m, k))
+        parts.append(self.bb.emit(relax.op.matmul(x_slice, weights[wi]),
+                                  name_hint=part_name(index, "BATCH_MATMUL", part)))
+    return relax.op.reshape(relax.op.concat(parts, axis=0), out_shape)
+
+
+def _broadcast_index(at: tuple, dims: tuple) -> int:
+    """The flat index into batch axes ``dims`` of the broadcast batch index ``at`` (axes
+    aligned at the right, an axis of size 1 read at 0)."""
+    own = at[len(at) - len(dims):]
+    return int(np.ravel_multi_index(tuple(i if d > 1 else 0 for i, d in zip(own, dims)),
+                                    dims)) if dims else 0
+
+
 def same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[int, int]:
     """(before, after) of TFLite's SAME padding along one axis (``ComputePaddingHeightWidth``:
     the output is ceil(size / stride), the odd pixel after)."""
@@ -510,14 +594,18 @@ def same_padding(size: int, kernel: int, stride: int, dilation: int) -> tuple[in
 
 
 def _convert_conv(original):
-    """A dynamic-range CONV_2D as conv2d(x, dequantize(W)) + bias and its activation (NHWC,
-    HWIO), the weight's variable naming TFLite's computation: per-channel scales (or a
-    grouped layer) quantize the image asymmetrically and scale channel first, one scale
-    symmetrically and by the row's scale times the weight's (``conv.cc``'s two hybrid
-    paths); TVM's for any other CONV_2D."""
+    """A dynamic-range CONV_2D or DEPTHWISE_CONV_2D as conv2d(x, dequantize(W)) + bias and
+    its activation (NHWC, HWIO; a depthwise weight [kh, kw, 1, C * M] with C groups), the
+    weight's variable naming TFLite's computation: a CONV_2D with per-channel scales (or a
+    grouped one) quantizes the image asymmetrically and scales channel first, one with a
+    single scale symmetrically and by the row's scale times the weight's (``conv.cc``'s
+    two hybrid paths); a DEPTHWISE_CONV_2D quantizes the image asymmetrically and scales by
+    the weight's scale times the image's (``DepthwiseConvHybridPerChannel``). TVM's for any
+    other convolution."""
 
     def convert_conv(self, op, conv_type):
         from tflite.Conv2DOptions import Conv2DOptions
+        from tflite.DepthwiseConv2DOptions import DepthwiseConv2DOptions
         from tflite.Padding import Padding
         from tvm import relax
 
@@ -525,28 +613,37 @@ def _convert_conv(original):
 
         inputs = self.get_input_tensors(op)
         x_t, w_t = inputs[0], inputs[1]
-        if conv_type != "conv2d" or not is_hybrid(x_t, w_t):
+        if conv_type not in ("conv2d", "depthwise") or not is_hybrid(x_t, w_t):
             return original(self, op, conv_type=conv_type)
-        opts = Conv2DOptions()
+        depthwise = conv_type == "depthwise"
+        opts = DepthwiseConv2DOptions() if depthwise else Conv2DOptions()
         table = op.BuiltinOptions()
         opts.Init(table.Bytes, table.Pos)
-        w = self.get_tensor_value(w_t)  # OHWI
+        w = self.get_tensor_value(w_t)  # OHWI; a depthwise weight [1, kh, kw, C * M]
         _, h, wd, in_c = _recorded_shape(x_t.tensor)
-        out_c, kh, kw, w_in_c = w.shape
-        scales = np.atleast_1d(w_t.tensor.Quantization().ScaleAsNumpy())
-        per_channel = scales.size > 1 and bool((scales != scales[0]).any())
-        scheme = ((hybrid.ASYMMETRIC, hybrid.CHANNEL_FIRST) if per_channel or w_in_c != in_c
-                  else (hybrid.SYMMETRIC, hybrid.ROW_SCALE))
+        if depthwise:
+            w_hwio = w.transpose(1, 2, 0, 3)  # [kh, kw, 1, C * M]: one channel per group
+            scheme = (hybrid.ASYMMETRIC, hybrid.ROW_SCALE)
+            groups = in_c
+        else:
+            w_hwio = w.transpose(1, 2, 3, 0)
+            scales = np.atleast_1d(w_t.tensor.Quantization().ScaleAsNumpy())
+            per_channel = scales.size > 1 and bool((scales != scales[0]).any())
+            scheme = ((hybrid.ASYMMETRIC, hybrid.CHANNEL_FIRST)
+                      if per_channel or w.shape[3] != in_c
+                      else (hybrid.SYMMETRIC, hybrid.ROW_SCALE))
+            groups = in_c // w.shape[3]
+        kh, kw = w_hwio.shape[:2]
         strides = (opts.StrideH(), opts.StrideW())
         dilation = (opts.DilationHFactor(), opts.DilationWFactor())
         pads = ((0, 0), (0, 0))
         if opts.Padding() == Padding.SAME:
             pads = tuple(same_padding(n, k, s, d) for n, k, s, d in
                          zip((h, wd), (kh, kw), strides, dilation))
-        w_f = _hybrid_weight(self, w.transpose(1, 2, 3, 0), w_t, 3, scheme)
+        w_f = _hybrid_weight(self, w_hwio, w_t, 3, scheme)
         y = relax.op.nn.conv2d(self.get_tensor_expr(x_t), w_f, strides=strides,
                                padding=(pads[0][0], pads[1][0], pads[0][1], pads[1][1]),
-                               dilation=dilation, groups=in_c // w_in_c, data_layout="NHWC",
+                               dilation=dilation, groups=groups, data_layout="NHWC",
                                kernel_layout="HWIO", out_dtype="float32")
         return _hybrid_finish(self, y, inputs, opts.FusedActivationFunction())
 
@@ -597,6 +694,7 @@ def _naming_init(original):
     def __init__(self, model, subgraph, *args, **kwargs):
         original(self, model, subgraph, *args, **kwargs)
         positions = {subgraph.Operators(i)._tab.Pos: i for i in range(subgraph.OperatorsLength())}
+        self.armq_positions = positions  # a converter naming the variables of its parts
         for code, convert in list(self.convert_map.items()):
             self.convert_map[code] = _bind_named(self, code, convert, positions)
 

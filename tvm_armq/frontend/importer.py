@@ -67,10 +67,11 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
             kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "?")
             if kind in HYBRID_OPS:
                 continue
+            ops = f"{', '.join(HYBRID_OPS[:-1])} and {HYBRID_OPS[-1]}"
             return (f"operator {i} ({kind}) is dynamic-range quantized (float32 activations, "
-                    f"int8 weights): tvm_armq compiles {' and '.join(HYBRID_OPS)} of such "
-                    "models, not this op; convert the model with a representative dataset "
-                    "(TFLite's full integer quantization)")
+                    f"int8 weights): tvm_armq compiles {ops} of such models, not this op; "
+                    "convert the model with a representative dataset (TFLite's full "
+                    "integer quantization)")
     return None
 
 

@@ -308,22 +308,34 @@ def depthwise_kernel(layer: Layer, label: str, opts: Options):
     return KernelCall(func, layer.op, [layer.x], arrays, out_shape, record)
 
 
-def _depthwise_variant(layer: Layer, shape, target, schedule: bool = True):
-    """The layer's depthwise kernel for ``target``: (func, kernel name, constants). Taps go
-    through sdot in fours (``lane_dot``) where the target has +dotprod."""
+def depthwise_taps(weight: np.ndarray, shape, target) -> dict:
+    """How a depthwise kernel of ``shape`` sums its taps at ``target`` (``depthwise_te``'s
+    options): in fours through sdot where the target has +dotprod (a portable build's
+    levels each get their own kernel, built for one level), the rest two products in
+    int16, which is exact unless a weight is -128 (see schedules/depthwise.py)."""
     from tvm_armq.intrinsics import kernels
     from tvm_armq.intrinsics.lane_dot import TAPS
     from tvm_armq.schedules import depthwise as dw
 
     from ..targets import portable_levels
 
+    return dict(int16_pairs=bool(weight.min() > -128),
+                lane_dots=(TAPS <= shape.taps <= dw.DOT_MAX_TAPS
+                           and portable_levels(target) is None
+                           and kernels.target_has(target, "has_dotprod")))
+
+
+def _depthwise_variant(layer: Layer, shape, target, schedule: bool = True):
+    """The layer's depthwise kernel for ``target``: (func, kernel name, constants). Taps go
+    through sdot in fours (``lane_dot``) where the target has +dotprod."""
+    from tvm_armq.schedules import depthwise as dw
+
     mult, shift = layer_requant(layer)
-    # int16 pair sums are exact unless a weight is -128 (see schedules/depthwise.py);
-    # the requantization is built for the layer's largest shift (as in gemm_kernel).
-    options = dict(int16_pairs=bool(layer.weight.min() > -128), max_shift=int(shift.max()),
+    taps = depthwise_taps(layer.weight, shape, target)
+    # the requantization is built for the layer's largest shift (as in gemm_kernel)
+    options = dict(int16_pairs=taps["int16_pairs"], max_shift=int(shift.max()),
                    min_shift=int(shift.min()))
-    lane_dots = (TAPS <= shape.taps <= dw.DOT_MAX_TAPS and portable_levels(target) is None
-                 and kernels.target_has(target, "has_dotprod"))
+    lane_dots = taps["lane_dots"]
     func = dw.depthwise_func(shape, in_zp=layer.x_q[1], out_zp=layer.out_q[1],
                              act_range=layer.act_range, lane_dots=lane_dots, **options)
     if schedule:

@@ -24,7 +24,7 @@ import dataclasses
 
 import numpy as np
 
-from ..frontend.converters import HYBRID_OPS, hybrid_scheme, operator_of
+from ..frontend.converters import HYBRID_OPS, hybrid_scheme, layer_of
 from ..report import Lowered
 from .gemm import conv_window
 from .graph import Graph, NotInteger, dequantized_const, dtype_of, shape_of
@@ -50,7 +50,7 @@ class HybridLayer:
 
 def _match(graph: Graph, root):
     """The chain ending at ``root`` (the variable of a hybrid TFLite operator), or None."""
-    named = operator_of(root.label)
+    named = layer_of(root.label)
     if named is None or named[1] not in HYBRID_OPS:
         return None
     y, act = root.call, None
@@ -123,7 +123,7 @@ def _kernel(shape, target):
 
 
 def _gemm_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedule: bool):
-    """The layer's GEMM for ``target``: (func, kernel, constants after the inputs)."""
+    """The layer's GEMM for ``target``: (func, kernel name, constants after the inputs)."""
     from tvm_armq.schedules import gemm_plan, hybrid, tir_util
 
     kernel = _kernel(shape, target)
@@ -131,13 +131,60 @@ def _gemm_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedule: b
     func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range)
     func = (hybrid.schedule_hybrid_gemm(func, plan, target) if schedule
             else tir_util.merge_outputs(func))
-    return func, kernel, hybrid.constants(plan, w_hwio, layer.w_scales, layer.bias, scheme)
+    return (func, hybrid.kernel_name(kernel, scheme),
+            hybrid.constants(plan, w_hwio, layer.w_scales, layer.bias, scheme))
+
+
+def _gemm_name(shape, w_hwio, scheme, target) -> str:
+    from tvm_armq.schedules import hybrid
+
+    return hybrid.kernel_name(_kernel(shape, target), scheme)
+
+
+def _depthwise_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedule: bool):
+    """The depthwise layer's kernel for ``target`` (``schedules.hybrid.depthwise_func``),
+    its taps summed as the integer depthwise kernel's are: (func, kernel name, constants)."""
+    from tvm_armq.schedules import depthwise as dw
+    from tvm_armq.schedules import hybrid
+
+    from .gemm import depthwise_taps
+
+    taps = depthwise_taps(w_hwio, shape, target)
+    func = hybrid.depthwise_func(shape, scheme, act_range=layer.act_range, **taps)
+    if schedule:
+        func = dw.schedule_depthwise(func, shape)
+    return (func, _depthwise_name(shape, w_hwio, scheme, target),
+            hybrid.depthwise_constants(shape, w_hwio, layer.w_scales, layer.bias,
+                                       int16_pairs=taps["int16_pairs"]))
+
+
+def _depthwise_name(shape, w_hwio, scheme, target) -> str:
+    from tvm_armq.schedules import hybrid
+
+    from .gemm import depthwise_taps
+
+    taps = depthwise_taps(w_hwio, shape, target)
+    return hybrid.depthwise_kernel_name(shape, "dotprod" if taps["lane_dots"] else "neon",
+                                        int16_pairs=taps["int16_pairs"])
+
+
+def _depthwise_shape(layer: HybridLayer, shape):
+    """The ``depthwise.DepthwiseShape`` of a conv2d of one input channel per group (a
+    DEPTHWISE_CONV_2D), else None: such a layer has no K for a GEMM to reduce."""
+    from tvm_armq.schedules.depthwise import DepthwiseShape
+
+    if layer.op != "conv2d" or shape.groups != shape.in_c or layer.weight.shape[2] != 1:
+        return None
+    return DepthwiseShape(shape.batch, shape.in_h, shape.in_w, shape.in_c,
+                          shape.out_c // shape.in_c, shape.kh, shape.kw,
+                          **conv_window(layer.core.attrs))
 
 
 def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     """Three kernel calls: the input's quantization parameters, the int8 input (both the
-    same code at every level), and the level's GEMM with the float epilogue; in a
-    portable build one GEMM per level behind a dispatcher, as ``gemm.py``'s."""
+    same code at every level), and the level's GEMM (a depthwise layer: the level's
+    depthwise kernel) with the float epilogue; in a portable build one such kernel per
+    level behind a dispatcher, as ``gemm.py``'s."""
     from tvm_armq.schedules import hybrid
 
     from .. import portable
@@ -152,29 +199,33 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
     groups = (shape.batch, shape.in_h * shape.in_w * shape.in_c)  # a group per row
     params_shape = (shape.batch, hybrid.PARAMS)
-    out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
     params = KernelCall(hybrid.params_func(*groups, scheme, schedule=opts.schedule),
                         "hybrid_params", [(layer.x, groups)], [], params_shape, None,
                         hybrid.FLOAT)
     data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
                         "hybrid_quantize", [(layer.x, groups), (params, None)], [], groups,
                         None, "int8")
-    op = f"{layer.op}_hybrid"
+    depthwise = _depthwise_shape(layer, shape)
+    if depthwise is not None:
+        op, kind = "depthwise_conv2d_hybrid", hybrid.DEPTHWISE_OP
+        build, name_of = _depthwise_variant, _depthwise_name
+        shape, out_shape = depthwise, (depthwise.batch, depthwise.out_h, depthwise.out_w,
+                                       depthwise.out_c)
+    else:
+        op, kind, build, name_of = f"{layer.op}_hybrid", hybrid.OP, _gemm_variant, _gemm_name
+        out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
     inputs = [(data_q, data), (params, None)]
     if opts.variants is None or not opts.schedule:
-        func, kernel, consts = _gemm_variant(layer, shape, w_hwio, scheme, opts.target,
-                                             opts.schedule)
-        levels = portable_levels(opts.target) or ()
-        variants = tuple(hybrid.kernel_name(_kernel(shape, resolve(lvl)), scheme)
-                         for lvl in levels)
-        record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
-                         hybrid.kernel_name(kernel, scheme), variants=variants)
+        func, name, consts = build(layer, shape, w_hwio, scheme, opts.target, opts.schedule)
+        variants = tuple(name_of(shape, w_hwio, scheme, resolve(lvl))
+                         for lvl in portable_levels(opts.target) or ())
+        record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call), name,
+                         variants=variants)
         return KernelCall(func, op, inputs, consts, out_shape, record, hybrid.FLOAT)
-    built = {level: _gemm_variant(layer, shape, w_hwio, scheme, resolve(level), True)
+    built = {level: build(layer, shape, w_hwio, scheme, resolve(level), True)
              for level in opts.variants.levels}
     arrays, index = portable.unique_consts({lvl: b[2] for lvl, b in built.items()})
-    names = {level: hybrid.kernel_name(kernel, scheme)
-             for level, (_, kernel, _) in built.items()}
+    names = {level: b[1] for level, b in built.items()}
     calls = {level: (opts.variants.add(level, root.label, func, names[level]),
                      ["data_q", "q_params", *(f"c{i}" for i in index[level]), "output"])
              for level, (func, _, _) in built.items()}
@@ -182,14 +233,35 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
         [("data_q", data, "int8"), ("q_params", params_shape, hybrid.FLOAT)],
         [(f"c{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)],
         ("output", out_shape, hybrid.FLOAT), calls,
-        {"tvm_armq.op": "gemm_hybrid_portable", "tvm_armq.kernel": "+".join(names.values())})
+        {"tvm_armq.op": f"{kind}_portable", "tvm_armq.kernel": "+".join(names.values())})
     record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
                      next(iter(names.values())), variants=tuple(names.values()))
     return KernelCall(func, op, inputs, arrays, out_shape, record, hybrid.FLOAT)
 
 
+def report_unlowered(mod, report: list) -> None:
+    """A ``Fallback`` per hybrid weight the pass left in ``mod`` beyond the layers already
+    reported float: a dynamic-range layer whose chain no family recognized would otherwise
+    stay float with no record (and ``--strict`` would not see it)."""
+    from tvm import relax
+
+    from ..report import Fallback
+
+    left = [b.var.name for func in mod.functions.values() if isinstance(func, relax.Function)
+            for block in func.body.blocks for b in block.bindings
+            if hybrid_scheme(b.var.name) is not None]
+    reported = sum(isinstance(r, Fallback) and r.op.endswith("_hybrid") for r in report)
+    for name in left[reported:]:
+        report.append(Fallback("hybrid", name, "a dynamic-range layer the pass did not "
+                               "recognize (its weight is dequantized to float)"))
+
+
 def _report_op(root, found) -> str:
-    return "dense_hybrid" if found[0].op.name == "relax.matmul" else "conv2d_hybrid"
+    if found[0].op.name == "relax.matmul":
+        return "dense_hybrid"
+    attrs, weight = found[0].attrs, found[0].args[1]
+    depthwise = int(attrs.groups) > 1 and int(shape_of(weight)[2]) == 1
+    return "depthwise_conv2d_hybrid" if depthwise else "conv2d_hybrid"
 
 
 FAMILY = OpFamily("hybrid", ("relax.reshape", *_ACTIVATIONS, "relax.add", *_CORES),

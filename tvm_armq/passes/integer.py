@@ -264,7 +264,12 @@ def quantized_to_integer(target, *, tuned_schedule=None, report: list | None = N
 
     @tvm.transform.module_pass(opt_level=0, name="tvm_armq.QuantizedToInteger")
     def run(mod, _ctx):
+        from .hybrid import report_unlowered
+
         rewriter_cls = _lowering_rewriter()
-        return rewrite_functions(mod, lambda m, f: rewriter_cls(m, f, opts), report)
+        out = rewrite_functions(mod, lambda m, f: rewriter_cls(m, f, opts), report)
+        if report is not None:
+            report_unlowered(out, report)
+        return out
 
     return run
