@@ -42,9 +42,10 @@ The distribution (``LAYERS``, one generator per op; each says what it draws):
     python scripts/fuzz.py --list                     # the ops and their weights
     python scripts/fuzz.py --isa dotprod --dynamic --n 200 --seed 1   # hybrid layers
 
-``--dynamic`` draws dynamic-range layers (``HYBRID``): FULLY_CONNECTED and CONV_2D of a
-float32 input shifted per channel by a float ADD (so each quantization group has its own
-zero point), int8 weights per channel or per tensor, a float bias, both input schemes;
+``--dynamic`` draws dynamic-range layers (``HYBRID``): FULLY_CONNECTED, CONV_2D,
+DEPTHWISE_CONV_2D and BATCH_MATMUL (a constant int8 operand) of a float32 input shifted
+per channel by a float ADD (so each quantization group has its own zero point), int8
+weights per channel or per tensor, a float bias where the op has one, both input schemes;
 compared with TFLite bit for bit as the int8 layers are (the ADD is one IEEE addition on
 both sides).
 """
@@ -763,7 +764,74 @@ def conv2d_hybrid(rng, g: Graph, x: int):
     return y, p
 
 
-HYBRID = {"dense_hybrid": dense_hybrid, "conv2d_hybrid": conv2d_hybrid}
+def depthwise_hybrid(rng, g: Graph, x: int):
+    """A dynamic-range DEPTHWISE_CONV_2D: float32 NHWC input (after a per-channel shift),
+    int8 weights with a scale per output channel (TFLite's hybrid depthwise takes no
+    other), a float bias (it needs one), any window and multiplier; each image quantized
+    asymmetrically, padding left out."""
+    p: dict = {}
+    x = _float_shift(rng, g, x)
+    n, h, w, c = g.shape(x)
+    kh, kw, stride, dil, same = window(rng, g, x, p, [(3, 3), (3, 3), (5, 5), (1, 1), (7, 7),
+                                                      (2, 2), (3, 1), (1, 3)])
+    mult = 1 if rng.random() < 0.8 else int(rng.integers(2, 5))
+    cout = c * mult
+    scales = (10 ** rng.uniform(-3.5, -1.5, cout)).astype(np.float32)
+    wt = g.const(weights(rng, (1, kh, kw, cout)), (scales, np.zeros(cout, np.int64), 3))
+    b = g.const(rng.normal(0, 0.5, cout).astype(np.float32))
+    oh, ow = out_size(h, kh, stride, dil, same), out_size(w, kw, stride, dil, same)
+    y = g.tensor((n, oh, ow, cout), None, "float32")
+    g.op("DEPTHWISE_CONV_2D", [x, wt, b], [y], options(
+        "DepthwiseConv2DOptions", Padding=padding(same), StrideW=stride, StrideH=stride,
+        DepthMultiplier=mult, DilationWFactor=dil, DilationHFactor=dil,
+        FusedActivationFunction=activation(rng, p)), version=3)
+    p.update(shape=(n, h, w, c), multiplier=mult, per_channel=True)
+    return y, p
+
+
+def batch_matmul_hybrid(rng, g: Graph, x: int):
+    """A dynamic-range BATCH_MATMUL: float32 x (after a per-feature shift; its last two
+    axes rows x depth, depth x rows with adj_x) times a constant int8 operand (depth x
+    cols, cols x depth with adj_y) of no batch axes, x's, or broadcasting against x's;
+    one scale or one per column; TFLite's either input scheme."""
+    from tvm_armq.frontend.converters import tflite_hybrid_batch_axes
+
+    p: dict = {}
+    x = _float_shift(rng, g, x)
+    shape = g.shape(x)
+    if sum(d > 1 for d in shape[:-2]) > 1:  # TFLite's product is wrong there: one batch axis
+        y = g.tensor((int(np.prod(shape[:-2])), *shape[-2:]), None, "float32")
+        g.op("RESHAPE", [x, g.const(np.array(g.shape(y), np.int32))], [y])
+        x, shape = y, g.shape(y)
+    adj_x, adj_y = bool(rng.random() < 0.25), bool(rng.random() < 0.5)
+    rows, depth = (shape[-1], shape[-2]) if adj_x else (shape[-2], shape[-1])
+    cols = log_uniform_int(rng, 1, 96)
+    batch = shape[:-2]
+    kind = rng.random()
+    w_batch = (() if kind < 0.4 else tuple(batch) if kind < 0.7 else
+               tuple(int(rng.integers(2, 4)) if d == 1 else 1 if rng.random() < 0.5 else d
+                     for d in batch))
+    asym = bool(rng.random() < 0.6)
+    if not tflite_hybrid_batch_axes(shape, (*w_batch, depth, cols), adj_x, asym):
+        w_batch = ()
+    per_channel = bool(rng.random() < 0.5)
+    scales = (10 ** rng.uniform(-3.5, -1.5, cols if per_channel else 1)).astype(np.float32)
+    axis = len(w_batch) + (0 if adj_y else 1)  # the columns' axis
+    q = (scales, np.zeros(cols, np.int64), axis) if per_channel else (float(scales[0]), 0)
+    wt = g.const(weights(rng, (*w_batch, cols, depth) if adj_y else (*w_batch, depth, cols)),
+                 q)
+    out_batch = tuple(np.broadcast_shapes(tuple(batch), w_batch))
+    y = g.tensor((*out_batch, rows, cols), None, "float32")
+    g.op("BATCH_MATMUL", [x, wt], [y], options(
+        "BatchMatMulOptions", AdjX=adj_x, AdjY=adj_y, AsymmetricQuantizeInputs=asym),
+        version=4)
+    p.update(shape=shape, other=g.shape(wt), per_channel=per_channel, asymmetric=asym,
+             adj_x=adj_x, adj_y=adj_y)
+    return y, p
+
+
+HYBRID = {"dense_hybrid": dense_hybrid, "conv2d_hybrid": conv2d_hybrid,
+          "depthwise_hybrid": depthwise_hybrid, "batch_matmul_hybrid": batch_matmul_hybrid}
 
 
 LAYERS = {
@@ -806,8 +874,10 @@ INT8_LAYERS = [o for o in LAYERS if o not in HYBRID]  # what a run draws without
 # How often each op is drawn: the GEMM layers most, as most of a CNN's code is theirs.
 WEIGHT = collections.defaultdict(lambda: 1.0, conv2d=6.0, depthwise=3.0, dense=2.0, add=2.0,
                                  mul=1.5, avg_pool=1.5, max_pool=1.5, concat=1.5)
-FLAT = {"dense", "softmax", "batch_matmul", "layer_norm", "dense_hybrid"}  # 2-D inputs too
-FOUR_D = {"conv2d", "conv2d_hybrid", "depthwise", "avg_pool", "max_pool", "concat", "mean",
+FLAT = {"dense", "softmax", "batch_matmul", "layer_norm", "dense_hybrid",
+        "batch_matmul_hybrid"}  # 2-D inputs too
+FOUR_D = {"conv2d", "conv2d_hybrid", "depthwise", "depthwise_hybrid", "avg_pool", "max_pool",
+          "concat", "mean",
           "resize_bilinear", "resize_nearest", "transpose_conv", "pad", "space_to_depth",
           "depth_to_space"}
 

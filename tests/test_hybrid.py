@@ -253,6 +253,24 @@ def test_reference_is_tflites(case, models):
         assert_exact([got], expected, f"{case.name} seed {seed}: reference")
 
 
+def test_batch_matmul_tflite_does_not_multiply_is_refused(tmp_path):
+    """A hybrid BATCH_MATMUL whose input has two batch axes above 1: TFLite's kernel reads
+    the row scales at the sum of the batch indices, so its output is not the rows' product
+    (checked: should TFLite change, this test says so), and the importer refuses the model
+    naming the operator and what to do, before TVM's frontend."""
+    from tvm_armq.frontend.importer import UnsupportedModel, import_tflite
+    from tvm_armq.frontend.model import TFLiteModel
+
+    case = Case("bmm_two_batch_axes", "bmm", (2, 3, 5, 40), 24, False, bias=False)
+    path = tmp_path / "bmm.tflite"
+    path.write_bytes(model_bytes(case))
+    model = TFLiteModel.load(path)
+    x = case_inputs(case, 0)
+    assert not np.array_equal(model.reference_outputs(x)[0], reference_outputs(case, x[0]))
+    with pytest.raises(UnsupportedModel, match=r"operator 0 \(BATCH_MATMUL\).*two batch axes"):
+        import_tflite(model)
+
+
 def _device_params():
     params = []
     for i, case in enumerate(CASES):

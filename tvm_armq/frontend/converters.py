@@ -528,23 +528,13 @@ def _hybrid_batch_matmul(self, op, a_t, b_t, out_t, opts):
     several, one hybrid dense layer per batch index of the broadcast batch shape, on x's
     slice and y's matrix there, each bound to a ``part_name`` of the operator (the pass
     takes each one as a layer of this operator), their outputs concatenated."""
-    import tvm
     from tvm import relax
 
     from ..schedules import hybrid
 
-    if self.has_expr(b_t.tensor_idx) or b_t.buffer is None or not b_t.buffer.DataLength():
-        raise tvm.error.OpNotImplemented(
-            "BATCH_MATMUL of a float32 and an int8 operand that is not a constant: TFLite "
-            "runs the hybrid kernel on a constant int8 operand only")
+    # the importer has refused what TFLite does not compute as a product of constants
+    # (``importer._hybrid_batch_matmul_problem``)
     w = self.get_tensor_value(b_t)
-    scales = np.atleast_1d(b_t.tensor.Quantization().ScaleAsNumpy())
-    n_axis = w.ndim - 2 if opts.AdjY() else w.ndim - 1
-    axis = b_t.tensor.Quantization().QuantizedDimension()
-    if scales.size > 1 and axis != n_axis:
-        raise tvm.error.OpNotImplemented(
-            f"BATCH_MATMUL: the int8 operand's scales run along its axis {axis}, not its "
-            f"output axis {n_axis}")
     if opts.AdjY():
         w = np.swapaxes(w, -1, -2)
     *w_batch, k, n = w.shape
@@ -575,6 +565,21 @@ def _hybrid_batch_matmul(self, op, a_t, b_t, out_t, opts):
         parts.append(self.bb.emit(relax.op.matmul(x_slice, weights[wi]),
                                   name_hint=part_name(index, "BATCH_MATMUL", part)))
     return relax.op.reshape(relax.op.concat(parts, axis=0), out_shape)
+
+
+def tflite_hybrid_batch_axes(x_shape, w_shape, adj_x: bool, asymmetric: bool) -> bool:
+    """Whether TFLite's hybrid BATCH_MATMUL computes the rows' product for these operand
+    shapes. Its kernel steps through the input scales and zero points by rows x batch
+    index on every batch axis (and through the weights' row sums by columns x batch index),
+    so the product is right only while x has at most one batch axis above 1 (the weight
+    too, where the input is asymmetric and the row sums count), after TFLite merges x's
+    third-last axis into its rows (for a weight whose third-last axis is 1, without
+    adj_x)."""
+    xs, ws = list(x_shape), list(w_shape)
+    if not adj_x and len(xs) > 2 and len(ws) > 2 and ws[-3] == 1:
+        xs, ws = xs[:-3] + [xs[-3] * xs[-2], xs[-1]], ws[:-3] + ws[-2:]
+    above = [sum(d > 1 for d in shape[:-2]) for shape in (xs, ws)]
+    return above[0] <= 1 and (not asymmetric or above[1] <= 1)
 
 
 def _broadcast_index(at: tuple, dims: tuple) -> int:

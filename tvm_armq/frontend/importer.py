@@ -65,6 +65,10 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
         if first.Type() == tflite.TensorType.FLOAT32 and weights:
             code = fb.OperatorCodes(op.OpcodeIndex())
             kind = names.get(max(code.BuiltinCode(), code.DeprecatedBuiltinCode()), "?")
+            if kind == "BATCH_MATMUL":
+                problem = _hybrid_batch_matmul_problem(fb, op, tensors)
+                if problem:
+                    return f"operator {i} (BATCH_MATMUL): {problem}"
             if kind in HYBRID_OPS:
                 continue
             ops = f"{', '.join(HYBRID_OPS[:-1])} and {HYBRID_OPS[-1]}"
@@ -72,6 +76,38 @@ def _dynamic_range_op(m: TFLiteModel) -> str | None:
                     f"int8 weights): tvm_armq compiles {ops} of such models, not this op; "
                     "convert the model with a representative dataset (TFLite's full "
                     "integer quantization)")
+    return None
+
+
+def _hybrid_batch_matmul_problem(fb, op, tensors) -> str | None:
+    """Why a dynamic-range BATCH_MATMUL cannot be compiled as TFLite computes it, or None:
+    its int8 operand must be a constant (the hybrid kernel's weights), with one scale or
+    one per column, and the batch axes as ``converters.tflite_hybrid_batch_axes`` says."""
+    from tflite.BatchMatMulOptions import BatchMatMulOptions
+
+    from .converters import tflite_hybrid_batch_axes
+
+    x, w = tensors[0], tensors[1]
+    if fb.Buffers(w.Buffer()).DataLength() == 0:
+        return ("a float32 operand times an int8 operand that is not a constant: TFLite "
+                "runs its hybrid kernel on a constant int8 operand only")
+    opts = BatchMatMulOptions()
+    table = op.BuiltinOptions()
+    opts.Init(table.Bytes, table.Pos)
+    x_shape, w_shape = (tuple(int(d) for d in t.ShapeAsNumpy()) for t in (x, w))
+    q = w.Quantization()
+    columns = len(w_shape) - (2 if opts.AdjY() else 1)
+    if q.ScaleLength() > 1 and q.QuantizedDimension() != columns:
+        return (f"the int8 operand's scales run along its axis {q.QuantizedDimension()}, "
+                f"not along its columns (axis {columns}), as TFLite's hybrid kernel reads them")
+    if not tflite_hybrid_batch_axes(x_shape, w_shape, bool(opts.AdjX()),
+                                    bool(opts.AsymmetricQuantizeInputs())):
+        return (f"a float32 {x_shape} times an int8 {w_shape}: with two batch axes above 1, "
+                "TFLite's hybrid kernel reads each row's input scale (and zero point, and "
+                "the weights' row sums) at the sum of the batch indices rather than at the "
+                "row's own (reference/batch_matmul.h), so its result is not the rows' "
+                "product; tvm_armq compiles one with at most one batch axis above 1 (merge "
+                "the batch axes with a RESHAPE first)")
     return None
 
 

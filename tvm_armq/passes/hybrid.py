@@ -193,9 +193,11 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     layer = read_layer(graph, found)
     scheme = hybrid.HybridScheme(*layer.scheme)
     shape, w_hwio = _shape(layer)
-    if scheme.asymmetric and any(shape.padding) and shape.batch != 1:
+    depthwise = _depthwise_shape(layer, shape)
+    if depthwise is None and scheme.asymmetric and any(shape.padding) and shape.batch != 1:
         raise NotInteger(f"a padded asymmetric hybrid conv2d of batch {shape.batch} (TFLite "
-                         "pads each image with its own zero point; one image only)")
+                         "pads each image with its own zero point, the GEMM's im2col one "
+                         "value: one image only)")
     data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
     groups = (shape.batch, shape.in_h * shape.in_w * shape.in_c)  # a group per row
     params_shape = (shape.batch, hybrid.PARAMS)
@@ -205,7 +207,6 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
                         "hybrid_quantize", [(layer.x, groups), (params, None)], [], groups,
                         None, "int8")
-    depthwise = _depthwise_shape(layer, shape)
     if depthwise is not None:
         op, kind = "depthwise_conv2d_hybrid", hybrid.DEPTHWISE_OP
         build, name_of = _depthwise_variant, _depthwise_name
