@@ -553,5 +553,15 @@ def tree_func(tree, input_shapes, out_shape):
     out = te.compute(tuple(int(d) for d in out_shape),
                      lambda *i: _tree_value(tree, inputs, i), name="elementwise")
     sch = s_tir.Schedule(te.create_prim_func([*inputs, out]))
-    _vectorize_interleaved(sch, sch.get_loops(sch.get_sblock("elementwise"))[-1])
+    loops = sch.get_loops(sch.get_sblock("elementwise"))
+    # one flat loop: over every element where no input broadcasts (its index is the
+    # output's), else over the rows with the last axis inside (a broadcast input's index
+    # is then one division per row, not per element)
+    same = all(tuple(int(d) for d in s) == tuple(int(d) for d in out_shape)
+               for s in input_shapes)
+    if same and len(loops) > 1:
+        loops = [sch.fuse(*loops)]
+    elif len(loops) > 2:
+        loops = [sch.fuse(*loops[:-1]), loops[-1]]
+    _vectorize_interleaved(sch, loops[-1])
     return sch.mod["main"]

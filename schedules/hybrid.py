@@ -32,6 +32,7 @@ and costs nothing. C's ``round`` (half away from zero) is ``llvm.round`` (FRINTA
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import numpy as np
 
@@ -39,16 +40,17 @@ from .gemm_compute import gemm_parts_te
 from .gemm_layout import BORDERED, ceil_div, pack_weights
 from .gemm_plan import GemmPlan
 from .reference import HYBRID_ASYMMETRIC_RANGE, HYBRID_SYMMETRIC_MAX
-from .tir_util import fence, flatten_written, largest_divisor
+from .tir_util import fence, flatten_written
 
 OP = "gemm_hybrid"
 ROW_SCALE, CHANNEL_FIRST = "row_scale", "channel_first"
 SYMMETRIC, ASYMMETRIC = "sym", "asym"
-QUANTIZE_STAGE, PARAMS_STAGE = "data_q", "q_params"
+QUANTIZE_STAGE, PARAMS_STAGE, ROUNDED_STAGE = "data_q", "q_params", "q_rounded"
 SCALE, INVERSE, ZERO_POINT = range(3)  # the columns of q_params
 PARAMS = 3
 FLOAT = "float32"
 QUANTIZE_LANES = 16  # int8 lanes of one NEON register: data_q is stored a register at a time
+FLOAT_LANES = 4  # float32 lanes of one NEON register
 REDUCE_LANES = 16  # float32 partial minima / maxima per group: four NEON registers
 FOLDED_LANES = 4  # the lanes left once the partial results are folded in halves
 
@@ -78,39 +80,47 @@ def params_te(data, scheme: HybridScheme):
     a row), one row per quantization group: the group's scale, the inverse the quantization
     multiplies by and the zero point (an integer in [-128, 127], exact in float32).
 
-    The min and max are reduced REDUCE_LANES at a time into a row of partial results
-    (``q_min_part``: lane j takes elements j, j + REDUCE_LANES, ...; a NEON vector
-    instruction per step), that row folded in halves down to FOLDED_LANES
-    (``q_min_fold8``, ``q_min_fold4``), then across those."""
+    The min and the max are reduced together, in one pass over the input, REDUCE_LANES at
+    a time into a row of partial results each (``q_extrema_part``: lane j takes elements
+    j, j + REDUCE_LANES, ...; FMINNM and FMAXNM, a NEON vector instruction each per
+    step), those rows folded in halves down to FOLDED_LANES (``q_extrema_fold8_v0`` the
+    minima, ``_v1`` the maxima, ``q_extrema_fold4_v*``), then across those
+    (``q_extrema``). FMINNM / FMAXNM (LLVM's minnum / maxnum) differ from a
+    compare-and-select only in which zero of -0 and +0 they keep, which no parameter below
+    can see (the scheme's range takes 0 in, or the absolute value)."""
     from tvm import te, tirx
 
     B, L = (int(d) for d in data.shape)
     steps = ceil_div(L, REDUCE_LANES)
-
-    def reduce(kind, fold, name, identity):
-        o = te.reduce_axis((0, steps), f"{name}_o")
-
-        def lane(b, j):
-            i = o * REDUCE_LANES + j
-            value = data[b, i] if L % REDUCE_LANES == 0 else \
-                tirx.Select(i < L, data[b, tirx.min(i, L - 1)], identity)
-            return kind(value, axis=o)
-
-        part = te.compute((B, REDUCE_LANES), lane, name=f"{name}_part")
-        # across the lanes: halves folded onto each other (a vector instruction each) down
-        # to FOLDED_LANES, then those one by one (min and max: the same in any order)
-        def folded(p, w):
-            return te.compute((B, w), lambda b, i: fold(p[b, i], p[b, i + w]),
-                              name=f"{name}_fold{w}")
-
-        for width in _fold_widths():
-            part = folded(part, width)
-        j = te.reduce_axis((0, FOLDED_LANES), f"{name}_j")
-        return te.compute((B,), lambda b: kind(part[b, j], axis=j), name=name)
-
     big = tirx.max_value(FLOAT)
-    mn = reduce(te.min, tirx.min, "q_min", big)
-    mx = reduce(te.max, tirx.max, "q_max", -big)
+    extrema = te.comm_reducer(lambda x, y: (_minnum(x[0], y[0]), _maxnum(x[1], y[1])),
+                              lambda t0, t1: (tirx.max_value(t0), tirx.min_value(t1)),
+                              name="extrema")
+    o = te.reduce_axis((0, steps), "q_o")
+
+    def lane(b, j):
+        i = o * REDUCE_LANES + j
+        if L % REDUCE_LANES == 0:
+            value = (data[b, i], data[b, i])
+        else:
+            inside = data[b, tirx.min(i, L - 1)]
+            value = (tirx.Select(i < L, inside, big), tirx.Select(i < L, inside, -big))
+        return extrema(value, axis=o)
+
+    mn, mx = te.compute((B, REDUCE_LANES), lane, name="q_extrema_part")
+
+    # across the lanes: halves folded onto each other (a vector instruction each) down to
+    # FOLDED_LANES, then those one by one (min and max: the same in any order)
+    def folded(p, q, w):
+        return te.compute((B, w), lambda b, i: (_minnum(p[b, i], p[b, i + w]),
+                                                _maxnum(q[b, i], q[b, i + w])),
+                          name=f"q_extrema_fold{w}")
+
+    for width in _fold_widths():
+        mn, mx = folded(mn, mx, width)
+    j = te.reduce_axis((0, FOLDED_LANES), "q_j")
+    mn, mx = te.compute((B,), lambda b: extrema((mn[b, j], mx[b, j]), axis=j),
+                        name="q_extrema")
     f32, f64 = (lambda v: tirx.const(v, FLOAT)), (lambda v: tirx.const(v, "float64"))
     if not scheme.asymmetric:
         top = f32(HYBRID_SYMMETRIC_MAX)
@@ -141,6 +151,18 @@ def params_te(data, scheme: HybridScheme):
     return te.compute((B, PARAMS), param, name=PARAMS_STAGE)
 
 
+def _minnum(a, b):
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(FLOAT, "llvm.minnum", a, b)
+
+
+def _maxnum(a, b):
+    from tvm import tirx
+
+    return tirx.call_llvm_pure_intrin(FLOAT, "llvm.maxnum", a, b)
+
+
 def _pick(i, values):
     """values[i] for the TIR index ``i`` (a params column)."""
     from tvm import tirx
@@ -153,17 +175,28 @@ def _pick(i, values):
 
 def quantize_te(data, params, scheme: HybridScheme):
     """``data_q`` int8: round(x * inverse) + zp of each element with its group's
-    parameters, clamped (zp 0 and +-127 for a symmetric scheme)."""
+    parameters, clamped (zp 0 and +-127 for a symmetric scheme).
+
+    Two stages: ``q_rounded`` int32, the product rounded half away from zero and converted
+    in one FCVTAS (C's ``round`` then the cast: the same integer), then ``data_q``, which
+    adds the zero point and clamps in int16, where the clamp to [-128, 127] is the
+    saturation of the narrowing to int8 (SQXTN). int16 holds every value here: |x *
+    inverse| is at most 255 (the group's range over its scale), |zp| at most 128."""
     from tvm import te, tirx
 
     lo, hi = ((-HYBRID_SYMMETRIC_MAX, HYBRID_SYMMETRIC_MAX) if not scheme.asymmetric
               else HYBRID_ASYMMETRIC_RANGE)
+    rounded = te.compute(
+        data.shape, lambda b, *at: tirx.call_llvm_pure_intrin(
+            "int32", "llvm.aarch64.neon.fcvtas", data[(b, *at)] * params[b, INVERSE]),
+        name=ROUNDED_STAGE)
 
     def quantized(b, *at):
-        r = _round(data[(b, *at)] * params[b, INVERSE]).astype("int32")
+        r = rounded[(b, *at)].astype("int16")
         if scheme.asymmetric:  # added after the rounding, as an integer
-            r = r + params[b, ZERO_POINT].astype("int32")
-        return tirx.max(tirx.min(r, hi), lo).astype("int8")
+            r = r + params[b, ZERO_POINT].astype("int32").astype("int16")
+        return tirx.max(tirx.min(r, tirx.const(hi, "int16")),
+                        tirx.const(lo, "int16")).astype("int8")
 
     return te.compute(data.shape, quantized, name=QUANTIZE_STAGE)
 
@@ -180,7 +213,7 @@ def _fold_widths():
 def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True):
     """The quantization parameters of ``groups`` float32 groups of ``length`` elements
     each as a PrimFunc (data [groups, length], q_params): the min and the max a NEON vector
-    of partial results at a time (two passes over the input), then a few scalars per
+    of partial results at a time (one pass over the input), then a few scalars per
     group."""
     from tvm import s_tir, te
 
@@ -189,19 +222,19 @@ def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True
     if not schedule:
         return func
     sch = s_tir.Schedule(func)
-    for name in ("q_min", "q_max"):
-        # each group's partial results computed and folded inside the group's loop: one
-        # group's worth of them at a time, in registers (all groups' would be a buffer)
-        group = sch.get_loops(sch.get_sblock(name))[0]
-        stages = [f"{name}_part"] + [f"{name}_fold{w}" for w in _fold_widths()]
-        for stage in reversed(stages):
-            sch.compute_at(sch.get_sblock(stage), group)
-        lane, *step = sch.get_loops(sch.get_sblock(stages[0]))[1:]  # (a step: no loop)
-        if step:
-            sch.reorder(step[0], lane)  # the steps outside: each one a vector of the lanes
-        sch.vectorize(lane)
-        for stage in stages[1:]:
-            sch.vectorize(sch.get_loops(sch.get_sblock(stage))[-1])
+    # each group's partial results computed and folded inside the group's loop: one
+    # group's worth of them at a time, in registers (all groups' would be a buffer)
+    group = sch.get_loops(sch.get_sblock("q_extrema"))[0]
+    stages = ["q_extrema_part"] + [f"q_extrema_fold{w}_v{i}" for w in _fold_widths()
+                                   for i in range(2)]  # a fold's min (v0) and max (v1)
+    for stage in reversed(stages):
+        sch.compute_at(sch.get_sblock(stage), group)
+    lane, *step = sch.get_loops(sch.get_sblock(stages[0]))[1:]  # (a step: no loop)
+    if step:
+        sch.reorder(step[0], lane)  # the steps outside: each one a vector of the lanes
+    sch.vectorize(lane)
+    for stage in stages[1:]:
+        sch.vectorize(sch.get_loops(sch.get_sblock(stage))[-1])
     return sch.mod["main"]
 
 
@@ -219,9 +252,19 @@ def quantize_func(groups: int, length: int, scheme: HybridScheme, *, parallel: b
         return func
     sch = s_tir.Schedule(func)
     fused = sch.fuse(*sch.get_loops(sch.get_sblock(QUANTIZE_STAGE)))
-    lanes = largest_divisor(sch.get(fused).extent.value, QUANTIZE_LANES)
+    # a power of two of lanes (a whole register, or a part of one: LLVM widens those,
+    # not a vector of 3 or 15 FCVTAS lanes)
+    lanes = math.gcd(sch.get(fused).extent.value, QUANTIZE_LANES)
     outer, inner = sch.split(fused, [None, lanes])
     sch.vectorize(inner)
+    # the rounded values of one register of results, a float32 register at a time (LLVM
+    # cannot split FCVTAS over more than four lanes)
+    rounded = sch.get_sblock(ROUNDED_STAGE)
+    sch.compute_at(rounded, outer)
+    steps, floats = sch.split(sch.get_loops(rounded)[-1],
+                              [None, math.gcd(lanes, FLOAT_LANES)])
+    sch.vectorize(floats)
+    sch.unroll(steps)
     if parallel:
         sch.parallel(outer)
     return sch.mod["main"]

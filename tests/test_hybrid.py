@@ -1,14 +1,17 @@
-"""Dynamic-range ("hybrid") FULLY_CONNECTED and CONV_2D (``schedules/hybrid.py``,
-``passes/hybrid.py``): float32 activations and int8 weights, the input quantized at run
-time and multiplied on the level's integer GEMM.
+"""Dynamic-range ("hybrid") FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D and BATCH_MATMUL
+with a constant operand (``schedules/hybrid.py``, ``passes/hybrid.py``): float32
+activations and int8 weights, the input quantized at run time and multiplied on the
+level's integer GEMM (a depthwise layer: the level's depthwise kernel).
 
 1. Host: the NumPy model (``reference.hybrid_quantize`` / ``hybrid_scale``) equals TFLite's
    BUILTIN_REF on every single-op model below (both input schemes, one weight scale and
-   one per channel, 2-D and 3-D inputs, SAME / VALID / strided convolutions, fused
-   activations, with and without a bias), on inputs with offsets (asymmetric zero points
-   away from 0), wide and narrow ranges and an all-zero quantization group.
-2. Device: each model compiled with its layer on a hybrid kernel (``inspect``'s name
-   ``gemm_hybrid_f32s8f32_..._<scheme>``), every output bit-exact with BUILTIN_REF and
+   one per channel, 2-D, 3-D and 4-D inputs, SAME / VALID / strided convolutions, depth
+   multipliers, BATCH_MATMUL's adjoints and broadcast batch axes, fused activations, with
+   and without a bias), on inputs with offsets (asymmetric zero points away from 0), wide
+   and narrow ranges and an all-zero quantization group.
+2. Device: each model compiled with its layers on hybrid kernels (``inspect``'s name
+   ``gemm_hybrid_f32s8f32_..._<scheme>``, ``depthwise_hybrid_f32s8f32_...``), every output
+   bit-exact with BUILTIN_REF and
    alive: each case at one level in turn in the fast tier, at every level in the
    exhaustive one.
 """

@@ -53,6 +53,9 @@ class Graph:
                 count(b.value)
         count(func.body.body)
         self.var_of = {value: var for var, value in self.defs.items()}
+        # kernel calls a family shares between layers of this function (the hybrid
+        # family's quantized input, read by every layer of the same input and scheme)
+        self.shared: dict = {}
 
     def call(self, expr, *ops):
         """The Call that defines ``expr`` if it is one of ``ops``, else None."""

@@ -1,21 +1,25 @@
-"""The hybrid family: dynamic-range FULLY_CONNECTED and CONV_2D (float32 activations, int8
-weights) on the level's integer GEMM, as TFLite's hybrid kernels compute them.
+"""The hybrid family: dynamic-range FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D and
+BATCH_MATMUL with a constant operand (float32 activations, int8 weights) on the level's
+integer kernels, as TFLite's hybrid kernels compute them.
 
 Our converters (``frontend/converters.py``) import such a layer as its float meaning,
 
     w_f = dequantize(W, s_w[c], 0, axis)        bound to ``hybrid_<inputs>_<epilogue>``
-    y   = matmul(x, w_f) | conv2d(x, w_f)       x: float32
+    y   = matmul(x, w_f) | conv2d(x, w_f)       x: float32 (a depthwise layer: a conv2d
+                                                of one input channel per group)
     y   = add(y, b)                             b: float32 constant (if the op has one)
     out = relu(y) | clip(y, lo, hi)             the fused activation (if any)
-    out = reshape(out, ...)                     FULLY_CONNECTED's output shape (if needed)
+    out = reshape(out, ...)                     the operator's output shape (if needed)
 
 the weight's variable naming how TFLite quantizes the input and scales the sums (decided
 there, where the op's options are read). ``match`` recognizes the chain at its end (the
-variable named for the TFLite operator), ``lower`` makes it three kernel calls of
-``schedules.hybrid``: the input's quantization parameters, the int8 input, and the GEMM
-with its float epilogue (in a portable build one GEMM per level behind a dispatcher, as
-``gemm.py``'s). Without the pass the chain still computes the layer in float (the weights
-dequantized), and the report says why it stayed so.
+variable named for the TFLite operator, or one of its ``part_name`` variables: a
+BATCH_MATMUL of several weight matrices is a layer per matrix), ``lower`` makes it three
+kernel calls of ``schedules.hybrid``: the input's quantization parameters, the int8
+input, and the GEMM (a depthwise layer: the depthwise kernel) with its float epilogue (in
+a portable build one such kernel per level behind a dispatcher, as ``gemm.py``'s). Without
+the pass the chain still computes the layer in float (the weights dequantized), and the
+report says why it stayed so (``report_unlowered``: also where no family recognized it).
 """
 
 from __future__ import annotations
@@ -180,6 +184,25 @@ def _depthwise_shape(layer: HybridLayer, shape):
                           **conv_window(layer.core.attrs))
 
 
+def _quantized_input(graph: Graph, x, groups: tuple, scheme, opts: Options):
+    """The kernel calls of ``x``'s quantization parameters and int8 values, in ``groups``
+    (rows, elements per row) as ``scheme`` quantizes them: made once per function and
+    shared by every hybrid layer that reads ``x`` so (a transformer's Q, K and V
+    projections of one LayerNorm output: TFLite quantizes it three times)."""
+    from tvm_armq.schedules import hybrid
+
+    key = ("hybrid", x, groups, scheme.inputs)
+    if key not in graph.shared:
+        params = KernelCall(hybrid.params_func(*groups, scheme, schedule=opts.schedule),
+                            "hybrid_params", [(x, groups)], [], (groups[0], hybrid.PARAMS),
+                            None, hybrid.FLOAT)
+        data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
+                            "hybrid_quantize", [(x, groups), (params, None)], [], groups,
+                            None, "int8")
+        graph.shared[key] = params, data_q
+    return graph.shared[key]
+
+
 def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     """Three kernel calls: the input's quantization parameters, the int8 input (both the
     same code at every level), and the level's GEMM (a depthwise layer: the level's
@@ -201,12 +224,7 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     data = (shape.batch, shape.in_h, shape.in_w, shape.in_c)
     groups = (shape.batch, shape.in_h * shape.in_w * shape.in_c)  # a group per row
     params_shape = (shape.batch, hybrid.PARAMS)
-    params = KernelCall(hybrid.params_func(*groups, scheme, schedule=opts.schedule),
-                        "hybrid_params", [(layer.x, groups)], [], params_shape, None,
-                        hybrid.FLOAT)
-    data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
-                        "hybrid_quantize", [(layer.x, groups), (params, None)], [], groups,
-                        None, "int8")
+    params, data_q = _quantized_input(graph, layer.x, groups, scheme, opts)
     if depthwise is not None:
         op, kind = "depthwise_conv2d_hybrid", hybrid.DEPTHWISE_OP
         build, name_of = _depthwise_variant, _depthwise_name
