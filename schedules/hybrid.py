@@ -260,11 +260,14 @@ def quantize_func(groups: int, length: int, scheme: HybridScheme, *, parallel: b
     # the rounded values of one register of results, a float32 register at a time (LLVM
     # cannot split FCVTAS over more than four lanes)
     rounded = sch.get_sblock(ROUNDED_STAGE)
-    sch.compute_at(rounded, outer)
-    steps, floats = sch.split(sch.get_loops(rounded)[-1],
-                              [None, math.gcd(lanes, FLOAT_LANES)])
-    sch.vectorize(floats)
-    sch.unroll(steps)
+    if lanes == 1:  # one value at a time: the rounding inside the loop
+        sch.compute_inline(rounded)
+    else:
+        sch.compute_at(rounded, outer)
+        steps, floats = sch.split(sch.get_loops(rounded)[-1],
+                                  [None, math.gcd(lanes, FLOAT_LANES)])
+        sch.vectorize(floats)
+        sch.unroll(steps)
     if parallel:
         sch.parallel(outer)
     return sch.mod["main"]
@@ -281,6 +284,13 @@ def scaled(acc, q_scale, w_scale, bias, scheme: HybridScheme, act_range=None):
         y = fence(fence(x * w_scale) * q_scale) + bias
     else:
         y = bias + fence(x * (q_scale * w_scale))
+    return _clamp(y, act_range)
+
+
+def _clamp(y, act_range):
+    """``y`` clamped to ``act_range`` = (lo, hi) in float, either side None; None: ``y``."""
+    from tvm import tirx
+
     lo, hi = act_range if act_range is not None else (None, None)
     if hi is not None:
         y = tirx.min(y, tirx.const(float(hi), FLOAT))
@@ -289,7 +299,8 @@ def scaled(acc, q_scale, w_scale, bias, scheme: HybridScheme, act_range=None):
     return y
 
 
-def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
+def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None,
+                   residual: bool = False, residual_act=None):
     """TE tensors of the hybrid layer's GEMM of ``plan`` (``gemm_plan.plan`` with an int8
     kernel): (data_q, q_params, B_packed, w_scale, colsum, bias, outputs...).
 
@@ -298,7 +309,10 @@ def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
     repeated for one scale), colsum int32 [out_c] (zeros unless ``scheme`` is asymmetric),
     bias float32 [out_c] (zeros for a layer without one). Outputs: float32, as
     ``gemm_compute.conv2d_gemm_te``'s (a row tail: two). ``act_range`` = (lo, hi) in float,
-    either side None; None: no clamp."""
+    either side None; None: no clamp. With ``residual``, a float32 input laid out as the
+    output (after q_params) that each output adds after its activation, then clamps to
+    ``residual_act``: a residual ADD and its fused activation, one IEEE addition as
+    TFLite's."""
     from tvm import te, tirx
 
     s, G = plan.shape, plan.shape.groups
@@ -318,21 +332,31 @@ def hybrid_gemm_te(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
         pad = params[0, ZERO_POINT].astype("int8")
     pixels = s.out_h * s.out_w  # GEMM rows per quantization group
 
+    added = (te.placeholder((s.gemm_m, G, s.gemm_n), FLOAT, "residual") if residual
+             else None)
+
     def out_element(acc, m, g, c):
         b = m // pixels
         if scheme.asymmetric:
             acc = acc - params[b, ZERO_POINT].astype("int32") * colsum[c]
-        return scaled(acc, params[b, SCALE], w_scale[c], bias[c], scheme, act_range)
+        y = scaled(acc, params[b, SCALE], w_scale[c], bias[c], scheme, act_range)
+        if added is not None:
+            y = _clamp(y + added[m, g, c % s.gemm_n], residual_act)  # c: g's n-th
+        return y
 
     outputs = gemm_parts_te(plan, data_q, b_packed, pad, out_element)
-    return (data_q, params, b_packed, w_scale, colsum, bias, *outputs)
+    inputs = (data_q, params) if added is None else (data_q, params, added)
+    return (*inputs, b_packed, w_scale, colsum, bias, *outputs)
 
 
-def hybrid_gemm_func(plan: GemmPlan, scheme: HybridScheme, *, act_range=None):
+def hybrid_gemm_func(plan: GemmPlan, scheme: HybridScheme, *, act_range=None,
+                     residual: bool = False, residual_act=None):
     """The hybrid layer's GEMM as one TIR PrimFunc, unscheduled (``hybrid_gemm_te``)."""
     from tvm import te
 
-    func = te.create_prim_func(list(hybrid_gemm_te(plan, scheme, act_range=act_range)))
+    func = te.create_prim_func(list(hybrid_gemm_te(plan, scheme, act_range=act_range,
+                                                   residual=residual,
+                                                   residual_act=residual_act)))
     if plan.input_copy == BORDERED:  # read by flat offset, as conv2d_gemm_func does
         func = flatten_written(func, BORDERED)
     return func

@@ -273,4 +273,7 @@ def test_dynamic_range_nets_float_layers_are_these_kernels(name, zoo_model):
             if name.startswith("bert") else {"conv2d_f32f32f32_4x16x1_neon",
                                              "spatial_mean_f32_neon"})
     assert want <= set(kernels.values()), kernels
-    assert any(k.startswith("elementwise_f32_neon_ops") for k in kernels.values()), kernels
+    if name.startswith("bert"):  # a LayerNorm's steps (resnet's residual ADDs are the
+        # epilogues of its hybrid layers: test_hybrid)
+        assert any(k.startswith("elementwise_f32_neon_ops") for k in kernels.values()), \
+            kernels

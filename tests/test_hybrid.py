@@ -63,6 +63,7 @@ CASES = (
          keep_num_dims=True),
     Case("fc_asym_tensor_relu6", "fc", (8, 33), 17, False, act="relu6"),
     Case("fc_sym_channel", "fc", (3, 64), 48, True, asymmetric=False),
+    Case("fc_asym_odd_length", "fc", (3, 37), 9, True),  # 111 values: no vector of them
     Case("conv_3x3_same_channel_relu6", "conv", (1, 9, 9, 8), 16, True, act="relu6"),
     Case("conv_3x3_s2_valid_tensor", "conv", (1, 10, 10, 8), 12, False, stride=2,
          same=False),
@@ -352,6 +353,74 @@ def test_ties_round_as_tflite(asymmetric, compiled_models, tmp_path):
     _, runs = compiled_models(level, f"ties_{asymmetric}", model, (0,),
                               make_inputs=lambda _: [x])
     assert_exact(runs[0][0], expected, f"{level} on ties")
+
+
+# ------------------------------------------------------------------ residual ADD
+def _residual_model(same: bool) -> bytes:
+    """x -> hybrid CONV_2D 3x3 (per-channel scales, bias, no activation) -> ADD(conv, r)
+    with a fused RELU: a residual block's end; r is the model's second input."""
+    import tflite
+
+    from tvm_armq.frontend.writer import Operator, graph_model, options
+
+    rng = np.random.default_rng(7)
+    c = 16
+    w = rng.integers(-127, 127, (c, 3, 3, c), endpoint=True).astype(np.int8)
+    scales = rng.uniform(0.002, 0.02, c).astype(np.float32)
+    tensors = [dict(shape=(1, 8, 8, c), dtype="float32"),
+               dict(shape=w.shape, dtype="int8", q=(scales, np.zeros(c, np.int64), 0), data=w),
+               dict(shape=(c,), dtype="float32", data=rng.normal(0, 0.5, c).astype(np.float32)),
+               dict(shape=(1, 8, 8, c), dtype="float32"),
+               dict(shape=(1, 8, 8, c) if same else (1, 1, 1, c), dtype="float32"),
+               dict(shape=(1, 8, 8, c), dtype="float32")]
+    conv = Operator(tflite.BuiltinOperator.CONV_2D, (0, 1, 2), (3,), options(
+        "Conv2DOptions", Padding=0, StrideW=1, StrideH=1, DilationWFactor=1,
+        DilationHFactor=1), version=3)
+    add = Operator(tflite.BuiltinOperator.ADD, (3, 4), (5,),
+                   options("AddOptions", FusedActivationFunction=1))
+    return graph_model(tensors, [conv, add], [0, 4], [5])
+
+
+@pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "neon") for lvl in LEVELS])
+def test_residual_add_runs_in_the_hybrid_epilogue(level, compiled_models, tmp_path):
+    """A float ADD (and its RELU) of a hybrid layer's output and a tensor of its shape is
+    the layer's epilogue (no float add left after the pass; a broadcast one stays an
+    elementwise kernel), and the result is TFLite's to the bit (one IEEE addition as its
+    ADD, the RELU after it)."""
+    import tvm
+
+    from tvm_armq import build, targets
+    from tvm_armq.frontend import importer
+    from tvm_armq.frontend.model import TFLiteModel
+
+    def float_adds(model_bytes_):
+        path = tmp_path / "m.tflite"
+        path.write_bytes(model_bytes_)
+        mod = build.lower(importer.import_tflite(TFLiteModel.load(path)),
+                          targets.resolve(level))
+        found = []
+        tvm.relax.analysis.post_order_visit(mod["main"], lambda e: found.append(e) if (
+            isinstance(e, tvm.relax.Call) and getattr(e.op, "name", "") == "relax.add")
+            else None)
+        calls = [gv.name_hint for gv, _ in mod.functions_items()]
+        return found, calls
+
+    adds, calls = float_adds(_residual_model(same=True))
+    assert not adds and not any(c.startswith("tvm_armq_float_elementwise") for c in calls), \
+        calls
+    _, calls = float_adds(_residual_model(same=False))  # broadcast: not the layer's
+    assert any(c.startswith("tvm_armq_float_elementwise") for c in calls), calls
+
+    def inputs(seed):
+        rng = np.random.default_rng(seed)
+        return [(rng.normal(0, 2, (1, 8, 8, 16)) + 1).astype(np.float32),
+                rng.normal(0, 1, (1, 8, 8, 16)).astype(np.float32)]
+
+    report, runs = compiled_models(level, "residual", _residual_model(same=True), SEEDS,
+                                   make_inputs=inputs)
+    assert [r.op for r in report] == ["conv2d_hybrid"], report
+    for seed, (got, expected) in zip(SEEDS, runs):
+        assert_exact(got, expected, f"residual at {level}, seed {seed}")
 
 
 # ------------------------------------------------------------------ dynamic-range nets

@@ -28,7 +28,7 @@ import dataclasses
 
 import numpy as np
 
-from ..frontend.converters import HYBRID_OPS, hybrid_scheme, layer_of
+from ..frontend.converters import HYBRID_OPS, hybrid_scheme, layer_of, operator_of
 from ..report import Lowered
 from .gemm import conv_window
 from .graph import Graph, NotInteger, dequantized_const, dtype_of, shape_of
@@ -50,14 +50,33 @@ class HybridLayer:
     act_range: tuple | None  # float (lo, hi), either side None; None: no activation
     scheme: tuple           # (inputs, epilogue): schedules.hybrid's names
     core: object            # the matmul / conv2d call
+    residual: object = None  # a float32 tensor the epilogue adds (a residual ADD's other
+                             # operand), then clamps to ``residual_act``; None: no ADD
+    residual_act: tuple | None = None
 
 
-def _match(graph: Graph, root):
-    """The chain ending at ``root`` (the variable of a hybrid TFLite operator), or None."""
-    named = layer_of(root.label)
+@dataclasses.dataclass(frozen=True)
+class Found:
+    """What ``_match`` found: the layer's core call, its bias and activation calls (None
+    where it has none), TFLite's scheme; for a residual ADD after the layer, the ADD's
+    other operand, its activation call and the layer's own root variable (``inner``)."""
+
+    core: object
+    bias: object
+    act: object
+    scheme: tuple
+    residual: object = None
+    residual_act: object = None
+    inner: object = None
+
+
+def _match_layer(graph: Graph, call, label: str) -> Found | None:
+    """The hybrid chain ending at ``call`` (bound to the variable ``label`` of a hybrid
+    TFLite operator), or None."""
+    named = layer_of(label)
     if named is None or named[1] not in HYBRID_OPS:
         return None
-    y, act = root.call, None
+    y, act = call, None
     if y.op.name == "relax.reshape":
         y = graph.call(y.args[0], *_ACTIVATIONS, "relax.add", *_CORES)
     if y is not None and y.op.name in _ACTIVATIONS:
@@ -69,7 +88,40 @@ def _match(graph: Graph, root):
     if y is None or not isinstance(getattr(y.args[1], "name", None), str):
         return None
     scheme = hybrid_scheme(y.args[1].name)
-    return None if scheme is None else (y, bias, act, scheme)
+    return None if scheme is None else Found(y, bias, act, scheme)
+
+
+def _match_residual(graph: Graph, call, label: str) -> Found | None:
+    """A float ADD (and its fused activation) of a hybrid GEMM layer's output that
+    nothing else reads and another float32 tensor of the same shape (a residual block's
+    sum), or None: the layer's epilogue adds it, one IEEE addition as TFLite's ADD, and
+    the separate pass over both tensors goes."""
+    named = operator_of(label)
+    if named is None or named[1] != "ADD":
+        return None
+    add, act = call, None
+    if add.op.name in _ACTIVATIONS:
+        add, act = graph.call(add.args[0], "relax.add"), add
+    if add is None or add.op.name != "relax.add" or shape_of(add.args[0]) != \
+            shape_of(add.args[1]) or any(dtype_of(a) != "float32" for a in add.args):
+        return None
+    for inner, other in ((add.args[0], add.args[1]), (add.args[1], add.args[0])):
+        value = graph.defs.get(inner)
+        if graph.uses.get(inner) != 1 or getattr(value, "op", None) is None:
+            continue
+        found = _match_layer(graph, value, getattr(inner, "name", ""))
+        grouped = found is not None and found.core.op.name == "relax.nn.conv2d" and \
+            int(found.core.attrs.groups) > 1
+        if found is not None and not grouped:
+            return dataclasses.replace(found, residual=other, residual_act=act, inner=inner)
+    return None
+
+
+def _match(graph: Graph, root) -> Found | None:
+    """The hybrid layer ending at ``root``: a hybrid TFLite operator's chain, or a
+    residual ADD taking one in (``_match_residual``); else None."""
+    return (_match_layer(graph, root.call, root.label)
+            or _match_residual(graph, root.call, root.label))
 
 
 def _act_range(act) -> tuple | None:
@@ -83,7 +135,7 @@ def _act_range(act) -> tuple | None:
 def read_layer(graph: Graph, found) -> HybridLayer:
     """The layer's constants and attributes (``NotInteger`` where TFLite's arithmetic
     cannot be reproduced here)."""
-    core, bias_expr, act, scheme = found
+    core, bias_expr, act, scheme = found.core, found.bias, found.act, found.scheme
     weight, w_q = dequantized_const(graph, core.args[1], "the weight")
     if weight.dtype != np.int8 or w_q.zp.any():
         raise NotInteger("the weight is not int8 with zero point 0")
@@ -102,7 +154,8 @@ def read_layer(graph: Graph, found) -> HybridLayer:
             ("NHWC", "HWIO"):
         raise NotInteger(f"layout {core.attrs.data_layout} / {core.attrs.kernel_layout}")
     scales = w_q.per_channel(n).astype(np.float32)  # float32 as in the model
-    return HybridLayer(op, x, weight, scales, bias, _act_range(act), scheme, core)
+    return HybridLayer(op, x, weight, scales, bias, _act_range(act), scheme, core,
+                       found.residual, _act_range(found.residual_act))
 
 
 def _shape(layer: HybridLayer):
@@ -132,7 +185,9 @@ def _gemm_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedule: b
 
     kernel = _kernel(shape, target)
     plan = gemm_plan.plan(shape, kernel)
-    func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range)
+    func = hybrid.hybrid_gemm_func(plan, scheme, act_range=layer.act_range,
+                                   residual=layer.residual is not None,
+                                   residual_act=layer.residual_act)
     func = (hybrid.schedule_hybrid_gemm(func, plan, target) if schedule
             else tir_util.merge_outputs(func))
     return (func, hybrid.kernel_name(kernel, scheme),
@@ -225,6 +280,8 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
     groups = (shape.batch, shape.in_h * shape.in_w * shape.in_c)  # a group per row
     params_shape = (shape.batch, hybrid.PARAMS)
     params, data_q = _quantized_input(graph, layer.x, groups, scheme, opts)
+    if depthwise is not None and layer.residual is not None:
+        raise NotInteger("a residual ADD after a depthwise layer")  # _match_residual: never
     if depthwise is not None:
         op, kind = "depthwise_conv2d_hybrid", hybrid.DEPTHWISE_OP
         build, name_of = _depthwise_variant, _depthwise_name
@@ -234,26 +291,32 @@ def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
         op, kind, build, name_of = f"{layer.op}_hybrid", hybrid.OP, _gemm_variant, _gemm_name
         out_shape = (shape.gemm_m, shape.groups, shape.gemm_n)
     inputs = [(data_q, data), (params, None)]
+    label = root.label if found.inner is None else found.inner.name  # the layer's own
+    if layer.residual is not None:  # read as the output is laid out
+        inputs.append((layer.residual, out_shape))
     if opts.variants is None or not opts.schedule:
         func, name, consts = build(layer, shape, w_hwio, scheme, opts.target, opts.schedule)
         variants = tuple(name_of(shape, w_hwio, scheme, resolve(lvl))
                          for lvl in portable_levels(opts.target) or ())
-        record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call), name,
+        record = Lowered(op, label, shape_of(layer.x), shape_of(root.call), name,
                          variants=variants)
         return KernelCall(func, op, inputs, consts, out_shape, record, hybrid.FLOAT)
     built = {level: build(layer, shape, w_hwio, scheme, resolve(level), True)
              for level in opts.variants.levels}
     arrays, index = portable.unique_consts({lvl: b[2] for lvl, b in built.items()})
     names = {level: b[1] for level, b in built.items()}
-    calls = {level: (opts.variants.add(level, root.label, func, names[level]),
-                     ["data_q", "q_params", *(f"c{i}" for i in index[level]), "output"])
+    operands = [("data_q", data, "int8"), ("q_params", params_shape, hybrid.FLOAT)]
+    if layer.residual is not None:
+        operands.append(("residual", out_shape, hybrid.FLOAT))
+    calls = {level: (opts.variants.add(level, label, func, names[level]),
+                     [o[0] for o in operands] + [f"c{i}" for i in index[level]] + ["output"])
              for level, (func, _, _) in built.items()}
     func = portable.dispatcher(
-        [("data_q", data, "int8"), ("q_params", params_shape, hybrid.FLOAT)],
+        operands,
         [(f"c{i}", a.shape, a.dtype.name) for i, a in enumerate(arrays)],
         ("output", out_shape, hybrid.FLOAT), calls,
         {"tvm_armq.op": f"{kind}_portable", "tvm_armq.kernel": "+".join(names.values())})
-    record = Lowered(op, root.label, shape_of(layer.x), shape_of(root.call),
+    record = Lowered(op, label, shape_of(layer.x), shape_of(root.call),
                      next(iter(names.values())), variants=tuple(names.values()))
     return KernelCall(func, op, inputs, arrays, out_shape, record, hybrid.FLOAT)
 
@@ -275,13 +338,18 @@ def report_unlowered(mod, report: list) -> None:
                                "recognize (its weight is dequantized to float)"))
 
 
+def _absorbs(graph: Graph, found: Found) -> list:
+    """A residual ADD's layer: its own chain is lowered with the ADD, not apart."""
+    return [] if found.inner is None else [found.inner]
+
+
 def _report_op(root, found) -> str:
-    if found[0].op.name == "relax.matmul":
+    if found.core.op.name == "relax.matmul":
         return "dense_hybrid"
-    attrs, weight = found[0].attrs, found[0].args[1]
+    attrs, weight = found.core.attrs, found.core.args[1]
     depthwise = int(attrs.groups) > 1 and int(shape_of(weight)[2]) == 1
     return "depthwise_conv2d_hybrid" if depthwise else "conv2d_hybrid"
 
 
 FAMILY = OpFamily("hybrid", ("relax.reshape", *_ACTIVATIONS, "relax.add", *_CORES),
-                  _match, _lower, report_op=_report_op)
+                  _match, _lower, report_op=_report_op, absorbs=_absorbs)
