@@ -1,31 +1,35 @@
-"""Dynamic-range ("hybrid") conv2d / dense: float32 activations and int8 weights, run on the
-level's integer GEMM as TFLite's hybrid kernels compute them.
+"""Dynamic-range ("hybrid") conv2d / dense / depthwise: float32 activations and int8
+weights, run on the level's integer GEMM (a depthwise layer: ``depthwise.py``'s taps) as
+TFLite's hybrid kernels compute them.
 
 Read ``gemm_compute.py`` first: the GEMM here is that one (same plan, same packed weights,
-same micro-kernels), over an int8 input this func makes from the float32 one on every call,
-with a float32 epilogue instead of the requantization:
+same micro-kernels), over an int8 input made from the float32 one on every call, with a
+float32 epilogue instead of the requantization:
 
-    q_min, q_max[b]     min and max of each quantization group b of the input: a batch
-                        index of the NHWC data (a dense layer's rows are its batch)
-    q_scale, q_inv,     the group's scale, its inverse and its zero point, as TFLite's
-    q_zp[b]             ``SymmetricQuantizeFloats`` / ``AsymmetricQuantizeFloats`` compute
+    q_extrema[b]        min and max of each quantization group b of the input (one pass):
+                        a batch index of the NHWC data (a dense layer's rows are its batch)
+    q_params[b]         the group's scale, its inverse and its zero point, as TFLite's
+                        ``SymmetricQuantizeFloats`` / ``AsymmetricQuantizeFloats`` compute
                         them (``reference.hybrid_quantize`` says how, step by step)
-    data_q              the int8 input: round(x * inverse) + zp, clamped
+    data_q              the int8 input: round(x * inverse) + zp, clamped (``quantize_te``)
     A_packed, gemm      the GEMM of ``gemm_compute.gemm_parts_te`` (im2col pads with zp: a
                         padded pixel is a real zero)
     output              float32, per element (b the row's group, c its channel):
 
-        ROW_SCALE        bias[c] + acc' * (q_scale[b] * w_scale[c])     FULLY_CONNECTED;
+        ROW_SCALE        bias[c] + acc' * (q_scale[b] * w_scale[c])     FULLY_CONNECTED,
+                                                                        BATCH_MATMUL,
+                                                                        DEPTHWISE_CONV_2D;
                                                                         CONV_2D, one scale
         CHANNEL_FIRST    acc' * w_scale[c] * q_scale[b] + bias[c]       CONV_2D per channel
 
     with acc' = acc - q_zp[b] * colsum[c] (sum_k q * w less the zero point's term; colsum:
-    each output channel's sum of weights, a constant) and the fused activation's clamp.
+    each output channel's sum of weights, a constant), the fused activation's clamp, and,
+    where a residual ADD follows the layer, + residual[...] and the ADD's clamp.
 
 Every float operation is one IEEE operation in TFLite's order: LLVM would fuse a multiply
 and the add after it into one FMLA (one rounding instead of two, a different result), so
 each product goes through ``llvm.arithmetic.fence``, which keeps it a product of its own
-and costs nothing. C's ``round`` (half away from zero) is ``llvm.round`` (FRINTA).
+and costs nothing. C's ``round`` (half away from zero) then the conversion is one FCVTAS.
 ``reference.hybrid_quantize`` and ``reference.hybrid_scale`` are the NumPy model, bit for bit.
 """
 

@@ -116,17 +116,6 @@ def model_bytes(case: Case) -> bytes:
         if case.adjoint:  # both operands stored with their last two axes swapped
             in_shape = (*in_shape[:-2], in_shape[-1], in_shape[-2])
             w = np.swapaxes(w, -1, -2)
-    elif case.op == "dw":
-        b, h, wd, c = case.in_shape
-        size = [(-(-d // case.stride) if case.same else (d - case.kernel) // case.stride + 1)
-                for d in (h, wd)]
-        out_shape = (b, *size, case.out_c)
-        code = tflite.BuiltinOperator.DEPTHWISE_CONV_2D
-        opts = options("DepthwiseConv2DOptions", Padding=0 if case.same else 1,
-                       StrideW=case.stride, StrideH=case.stride,
-                       DepthMultiplier=case.out_c // c,
-                       FusedActivationFunction=act_code, DilationWFactor=1,
-                       DilationHFactor=1)
     elif case.op == "fc":
         rows = int(np.prod(case.in_shape[:-1]))
         out_shape = ((*case.in_shape[:-1], case.out_c) if case.keep_num_dims
@@ -135,16 +124,21 @@ def model_bytes(case: Case) -> bytes:
         opts = options("FullyConnectedOptions", FusedActivationFunction=act_code,
                        KeepNumDims=case.keep_num_dims,
                        AsymmetricQuantizeInputs=case.asymmetric)
-    else:
-        b, h, wd, _ = case.in_shape
+    else:  # a convolution's window
+        b, h, wd, c = case.in_shape
         size = [(-(-d // case.stride) if case.same else (d - case.kernel) // case.stride + 1)
                 for d in (h, wd)]
         out_shape = (b, *size, case.out_c)
-        code = tflite.BuiltinOperator.CONV_2D
-        opts = options("Conv2DOptions", Padding=0 if case.same else 1,
-                       StrideW=case.stride, StrideH=case.stride,
-                       FusedActivationFunction=act_code, DilationWFactor=1,
-                       DilationHFactor=1)
+        window = dict(Padding=0 if case.same else 1, StrideW=case.stride,
+                      StrideH=case.stride, FusedActivationFunction=act_code,
+                      DilationWFactor=1, DilationHFactor=1)
+        if case.op == "dw":
+            code = tflite.BuiltinOperator.DEPTHWISE_CONV_2D
+            opts = options("DepthwiseConv2DOptions", DepthMultiplier=case.out_c // c,
+                           **window)
+        else:
+            code = tflite.BuiltinOperator.CONV_2D
+            opts = options("Conv2DOptions", **window)
     tensors = [dict(shape=in_shape, dtype="float32"),
                dict(shape=w.shape, dtype="int8", q=q, data=np.ascontiguousarray(w)),
                dict(shape=out_shape, dtype="float32")]
