@@ -255,12 +255,15 @@ def quantize_func(groups: int, length: int, scheme: HybridScheme, *, parallel: b
     if not schedule:
         return func
     sch = s_tir.Schedule(func)
-    fused = sch.fuse(*sch.get_loops(sch.get_sblock(QUANTIZE_STAGE)))
+    group, element = sch.get_loops(sch.get_sblock(QUANTIZE_STAGE))
     # a power of two of lanes (a whole register, or a part of one: LLVM widens those,
-    # not a vector of 3 or 15 FCVTAS lanes)
-    lanes = math.gcd(sch.get(fused).extent.value, QUANTIZE_LANES)
-    outer, inner = sch.split(fused, [None, lanes])
+    # not a vector of 3 or 15 FCVTAS lanes), within a group: every lane of a vector reads
+    # the same parameters (a vector across two groups' gathered them, and LLVM took two
+    # minutes over one such kernel)
+    lanes = math.gcd(length, QUANTIZE_LANES)
+    steps, inner = sch.split(element, [None, lanes])
     sch.vectorize(inner)
+    outer = sch.fuse(group, steps)
     # the rounded values of one register of results, a float32 register at a time (LLVM
     # cannot split FCVTAS over more than four lanes)
     rounded = sch.get_sblock(ROUNDED_STAGE)
