@@ -472,17 +472,6 @@ def depthwise_constants(shape, weight, w_scale, bias, *, channel_block=None,
             padded(np.zeros(s.out_c) if bias is None else bias, np.float32)]
 
 
-def depthwise_kernel_name(shape, isa: str, *, int16_pairs: bool) -> str:
-    """``depthwise_hybrid_f32s8f32_3x3_dotprod`` (taps in fours through sdot) or
-    ``..._neon_pairs16`` / ``..._neon`` (widening multiply-accumulates, two taps' products
-    summed in int16 or not), as the integer depthwise kernels are named."""
-    from tvm_armq.intrinsics import names
-
-    variant = "pairs16" if isa == "neon" and int16_pairs else None
-    return names.kernel_name(DEPTHWISE_OP, (FLOAT, "int8", FLOAT), isa,
-                             (shape.kh, shape.kw), variant)
-
-
 def kernel_name(kernel, scheme: HybridScheme) -> str:
     """The hybrid layer's name in the naming grammar: ``gemm_hybrid``, float32 in, int8
     weights, float32 out, the micro-kernel's block and isa, the input scheme

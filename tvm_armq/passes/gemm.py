@@ -342,14 +342,17 @@ def _depthwise_variant(layer: Layer, shape, target, schedule: bool = True):
         func = dw.schedule_depthwise(func, shape)
     consts = dw.pack_params(layer.weight, layer.bias, mult, shift, shape, in_zp=layer.x_q[1],
                             **options)
-    _, kh, kw, _ = layer.weight.shape
-    types = ("int8", "int8", "int32")
-    if lane_dots:
-        name = names.kernel_name("depthwise", types, "dotprod", (kh, kw))
-    else:
-        name = names.kernel_name("depthwise", types, "neon", (kh, kw),
-                                 "pairs16" if options["int16_pairs"] else None)
-    return func, name, consts
+    return func, depthwise_name("depthwise", ("int8", "int8", "int32"), shape, taps), consts
+
+
+def depthwise_name(op: str, types, shape, taps: dict) -> str:
+    """A depthwise kernel's name (``op``: the integer or the hybrid family) from how it
+    sums its taps (``depthwise_taps``): ``_dotprod`` through sdot, else ``_neon``, with the
+    ``pairs16`` variant where two products are summed in int16."""
+    if taps["lane_dots"]:
+        return names.kernel_name(op, types, "dotprod", (shape.kh, shape.kw))
+    return names.kernel_name(op, types, "neon", (shape.kh, shape.kw),
+                             "pairs16" if taps["int16_pairs"] else None)
 
 
 def _is_bias_add(graph: Graph, add) -> bool:

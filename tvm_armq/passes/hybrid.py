@@ -220,11 +220,10 @@ def _depthwise_variant(layer: HybridLayer, shape, w_hwio, scheme, target, schedu
 def _depthwise_name(shape, w_hwio, scheme, target) -> str:
     from tvm_armq.schedules import hybrid
 
-    from .gemm import depthwise_taps
+    from .gemm import depthwise_name, depthwise_taps
 
-    taps = depthwise_taps(w_hwio, shape, target)
-    return hybrid.depthwise_kernel_name(shape, "dotprod" if taps["lane_dots"] else "neon",
-                                        int16_pairs=taps["int16_pairs"])
+    return depthwise_name(hybrid.DEPTHWISE_OP, (hybrid.FLOAT, "int8", hybrid.FLOAT), shape,
+                          depthwise_taps(w_hwio, shape, target))
 
 
 def _depthwise_shape(layer: HybridLayer, shape):
