@@ -11,7 +11,9 @@ geometry the GEMM must get right (K below, at and above the block; M and N remai
 quantization (input zero points across the range, per-channel and per-tensor scales,
 fused ReLU-style clamps); tags say what a case is for, and tests pick cases by tag. All
 functions of a level are compiled into one module, uploaded once, and each is compared
-exactly with ``schedules.reference``.
+exactly with ``schedules.reference``. The fast tier runs each level's cover of the sweep
+(``sweep(level, "cover")``: the entries that bring their kernel a read, form or purpose
+no earlier one did, about a quarter of them); the exhaustive tier runs all of it.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import zlib
 
 import numpy as np
 import pytest
-from armq_checks import assert_alive, assert_functions_use, assert_no_workspace_per_task
+from armq_checks import (assert_alive, assert_functions_use, assert_no_workspace_per_task,
+                         tier)
 
 from tvm_armq import targets
 from tvm_armq.intrinsics import kernels, requant
@@ -224,10 +227,20 @@ def applies(kernel, case: Case) -> bool:
 PACKED, IN_PLACE, BY_PIXEL_READ = "packed", "direct", "by_pixel"
 
 
-def sweep(level: str) -> list[tuple]:
+def sweep(level: str, scope: str = "full") -> list[tuple]:
     """(kernel, case, read) of the level's sweep: every int8 kernel whose lowest level is
     ``level``, every case it applies to, packed and (where it can) read in place, along
-    output rows and by pixel."""
+    output rows and by pixel. ``scope="cover"`` keeps, in that order, only the entries
+    that bring their kernel something no earlier entry did (``_covers``)."""
+    if scope == "cover":
+        seen: dict = {}
+        kept = []
+        for kernel, case, read in sweep(level):
+            new = _covers(kernel, case, read) - seen.setdefault(kernel.name, set())
+            if new:
+                kept.append((kernel, case, read))
+                seen[kernel.name] |= new
+        return kept
     out = []
     for kernel in INT8_KERNELS:
         if lowest_level(kernel) != level:
@@ -242,6 +255,22 @@ def sweep(level: str) -> list[tuple]:
             if gemm_plan.can_read_by_pixel(case.shape, kernel):
                 out.append((kernel, case, BY_PIXEL_READ))
     return out
+
+
+# The sweep's scopes: the fast tier runs the cover, the exhaustive tier every entry.
+SWEEP_SCOPES = ("cover", "full")
+
+
+def _covers(kernel, case: Case, read: str) -> set:
+    """What an entry of the sweep exercises in its kernel: the read with the plan's form
+    (block, whole-K, direct, indirect), and the read with each thing the case is for (its
+    tags, one scale per layer, groups, several images)."""
+    form = gemm_plan.plan(case.shape, kernel, **_reads(read)).main.form
+    things = set(case.tags)
+    things |= {"per_tensor"} if case.per_tensor else set()
+    things |= {"grouped"} if case.shape.groups > 1 else set()
+    things |= {"batch"} if case.shape.batch > 1 else set()
+    return {(read, form)} | {(read, t) for t in things}
 
 
 def _case_data(case: Case, seed: int, kernel, zero_shifts: bool = False):
@@ -356,26 +385,37 @@ def test_sweep_covers_every_int8_kernel_and_form():
     """The sweep is the table: every int8 kernel runs on some level, in every form it has
     (BLOCK and K_LOOP through the K loops of its cases, DIRECT where it reads in place
     along output rows, INDIRECT where by pixel)."""
-    seen: dict[str, set] = {}
-    for level in LEVELS:
-        for kernel, case, read in sweep(level):
-            plan = gemm_plan.plan(case.shape, kernel, **_reads(read))
-            seen.setdefault(kernel.name, set()).add(plan.main.form)
-    assert set(seen) == {k.name for k in INT8_KERNELS}
-    for kernel in INT8_KERNELS:
-        want = set(kernel.forms) if kernel.forms else {None}
-        assert seen[kernel.name] == want, (kernel.name, seen[kernel.name])
+    for scope in SWEEP_SCOPES:  # the fast tier's cover as much as the whole sweep
+        seen: dict[str, set] = {}
+        for level in LEVELS:
+            for kernel, case, read in sweep(level, scope):
+                plan = gemm_plan.plan(case.shape, kernel, **_reads(read))
+                seen.setdefault(kernel.name, set()).add(plan.main.form)
+        assert set(seen) == {k.name for k in INT8_KERNELS}, scope
+        for kernel in INT8_KERNELS:
+            want = set(kernel.forms) if kernel.forms else {None}
+            assert seen[kernel.name] == want, (scope, kernel.name, seen[kernel.name])
+    for level in LEVELS:  # the cover leaves out no pair a whole sweep's entry has
+        full, cover = set(), set()
+        for scope, into in (("full", full), ("cover", cover)):
+            for kernel, case, read in sweep(level, scope):
+                into |= {(kernel.name, c) for c in _covers(kernel, case, read)}
+        assert cover == full and len(sweep(level, "cover")) < len(sweep(level)), level
 
 
-def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
-    """Every (kernel, case, form) of the level's sweep with the plan's knobs, and the
-    level's selected kernel with 2 x 2 macro tiles and K unrolled by 2 as well: bit-exact,
-    each function runs its kernel's instructions, and no parallel task allocates from the
-    runtime's workspace pool."""
+@pytest.mark.parametrize("level, scope", [
+    tier(level, scope, id=f"{level}-{scope}", fast=scope == "cover")
+    for level in LEVELS for scope in SWEEP_SCOPES])
+def test_table_sweep_on_device(run_funcs, level, scope, tmp_path, report):
+    """Every (kernel, case, form) of the level's sweep (the fast tier: its cover, every
+    kernel in every form and every read of each thing a case is for) with the plan's
+    knobs, and the level's selected kernel with 2 x 2 macro tiles and K unrolled by 2 as
+    well: bit-exact, each function runs its kernel's instructions, and no parallel task
+    allocates from the runtime's workspace pool."""
     target = targets.resolve(level)
     best = kernels.select(target, "int8", "int8")
     funcs, runs, by_kernel = {}, [], {}
-    for kernel, case, read in sweep(level):
+    for kernel, case, read in sweep(level, scope):
         # the data's seed names the pair, so a case added to the table changes no other's
         args, expected = _case_data(case, zlib.crc32(f"{kernel.name}/{case.name}".encode()),
                                     kernel)
@@ -392,8 +432,8 @@ def test_table_sweep_on_device(run_funcs, level, tmp_path, report):
     for kernel, names in by_kernel.items():
         if kernel.instructions:  # the scalar reference has no instruction to look for
             assert_functions_use(asm, names, kernel.instructions, f"{kernel.name} at {level}")
-    report(f"conv2d_gemm sweep {level:8s} {len(by_kernel)} kernels, {len(funcs)} functions "
-           f"bit-exact")
+    report(f"conv2d_gemm sweep {level:8s} {scope:5s} {len(by_kernel)} kernels, "
+           f"{len(funcs)} functions bit-exact")
 
 
 def test_best_kernel_per_level():

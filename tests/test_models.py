@@ -16,9 +16,10 @@ model really falls back.
 Which (model, level) pairs the fast tier runs (the rest are ``exhaustive``):
 - the small nets and the single-op models whose kernels depend on the level (GEMMs,
   depthwise) at every level;
-- each big net (``BIG_NETS``) and each attention-era net (``ATTENTION_NETS``) at one
-  level, the levels taken in turn so that each level runs such nets too; the two slowest
-  nets (``EXHAUSTIVE_ONLY_NETS``) in the exhaustive tier only;
+- each big net (``BIG_NETS``), each attention-era net (``ATTENTION_NETS``) and
+  MobileNetV3-Small (``ONE_LEVEL_SMALL_NETS``) at one level, the levels taken in turn so
+  that each level runs such nets too; the three slowest nets (``EXHAUSTIVE_ONLY_NETS``) in
+  the exhaustive tier only;
 - the single-op models whose kernels are the same ``_neon`` ones at every level
   (``LEVEL_INDEPENDENT``, checked by ``test_level_independent_models_are``) at one level,
   again in turn.
@@ -44,20 +45,26 @@ NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_blo
         "convnext"]
 # The nets whose compile and run at one level take minutes: the fast tier runs each at the
 # one level given here (each level gets some), the exhaustive tier at the other two.
-BIG_NETS = {"xception": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",
-            "densenet121": "i8mm", "efficientnet_b1": "dotprod"}
-# The two slowest nets run in the exhaustive tier only (at every level), to keep the fast
+BIG_NETS = {"efficientnet_b1": "neon", "mobilenet_v1_1.0": "dotprod", "mobilenet_v2_1.0": "i8mm",
+            "densenet121": "i8mm"}
+# The three slowest nets run in the exhaustive tier only (at every level), to keep the fast
 # tier inside CI's budget: InceptionV3 (97 s at one level; its 1x7 / 7x1 / 3x3 branches,
 # average pools and concatenations are inception_block's, which the fast tier runs at every
-# level) and DenseNet-169 (76 s; DenseNet-121's layer shapes at 64 px, more of them).
-EXHAUSTIVE_ONLY_NETS = ("inception_v3", "densenet169")
+# level), DenseNet-169 (76 s; DenseNet-121's layer shapes at 64 px, more of them) and
+# Xception (64 s in CI; its separable convolutions, residual ADDs and stride-2 max pools
+# are mobilenet_v1's, resnet_block's and max_pool's, which the fast tier runs).
+EXHAUSTIVE_ONLY_NETS = ("inception_v3", "densenet169", "xception")
 # The attention-era nets, also at one level each in the fast tier: what differs between
 # levels in them, the GEMMs of BATCH_MATMUL and FULLY_CONNECTED, the fast tier runs at every
 # level in the single-op models (batch_matmul, batch_matmul_adj, fully_connected_3d) and in
 # tests/test_batch_matmul.py; their other kernels are the same _neon ones at every level.
 ATTENTION_NETS = {"layer_norm": "neon", "vit": "dotprod", "bert_encoder": "i8mm",
                   "mobilevit": "neon", "convnext": "i8mm", "dense_4d_shape_chain": "dotprod"}
-ONE_LEVEL_NETS = {**BIG_NETS, **ATTENTION_NETS}
+# MobileNetV3-Small at one level too (20 s a level in CI): what differs between levels in it,
+# its 1x1 GEMMs and 3x3 / 5x5 depthwise layers, the fast tier runs at every level in the
+# single-op models and in tests/test_conv2d_gemm.py and tests/test_depthwise.py.
+ONE_LEVEL_SMALL_NETS = {"mobilenet_v3_small": "neon"}
+ONE_LEVEL_NETS = {**BIG_NETS, **ATTENTION_NETS, **ONE_LEVEL_SMALL_NETS}
 # Ops tvm_armq has no integer kernel for: they stay float (dequantize -> op -> quantize),
 # which rounds once where TFLite's integer kernel rounds in fixed point, so an output can
 # land one step off. Bound: at most one step, on at most this share of the outputs.

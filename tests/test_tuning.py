@@ -225,9 +225,16 @@ def test_tune_bad_input_is_one_line_and_its_exit_code(args, says, code, tmp_path
 
 # ------------------------------------------------------------------ a device that dies
 @pytest.mark.device
+@pytest.mark.exhaustive
 def test_device_dying_mid_tuning_fails_its_trials_and_the_run_ends(tmp_path, zoo_model):
     """A board registered at a tracker stops after the first round: the second round's
-    trials fail at once (reported), and the run ends with the first round's best."""
+    trials fail at once (reported), and the run ends with the first round's best.
+
+    Exhaustive tier: a minute alone and up to three in CI (a tracker, a board started and
+    stopped, two rounds of builds); the fast tier's tuning tests keep a failing board
+    (``test_tuning_failures_mismatched_database_and_per_trial_progress``: every trial
+    SIGILL) and a failing candidate (``test_cycle_runner_fails_only_the_candidate_that_
+    crashes``)."""
     key = "armq-tuning-test"
     batch = 2  # rounds of two candidates: the device stops after the first
     trials = 2 * batch
