@@ -44,6 +44,8 @@ EXEC_MODE = "compiled"
 # "bytecode" remains for what needs the interpreter: its per-call hook (the ``estimate``
 # command's per-layer breakdown, ``cycles.estimate(layers=True)``)
 EXEC_MODES = ("compiled", "bytecode")
+# What ``compile_tflite`` builds: a Relax VM executable, or a C library with no runtime
+EMITS = ("vm", "c")
 
 
 class UnsupportedTarget(ValueError):
@@ -61,8 +63,11 @@ class TuningTargetMismatch(ValueError):
 def compile_tflite(model, target, *, tuning_database=None, precision: str = "int8",
                    report: list | None = None, strict: bool = False,
                    kernels: dict | None = None, threads: int | None = None,
-                   cores: str = "big", exec_mode: str = EXEC_MODE):
-    """Import a TFLite model and compile it for ``target``; returns the executable.
+                   cores: str = "big", exec_mode: str = EXEC_MODE, emit: str = "vm"):
+    """Import a TFLite model and compile it for ``target``; returns the executable
+    (``emit="vm"``: a Relax VM executable, written by ``export.export_aarch64``) or, with
+    ``emit="c"``, a ``clib.CModel``: the model as one C function, written as a header and
+    libraries that need libc alone by ``clib.write`` (``clib.py``; one thread).
 
     For an aarch64 LLVM target (a preset name such as "i8mm" or "cortex-a76", a JSON
     dict, or a Target) quantized conv2d / depthwise / dense layers run tvm_armq's integer
@@ -92,7 +97,11 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
     pool.check(threads, cores)
     if exec_mode not in EXEC_MODES:
         raise ValueError(f"exec_mode {exec_mode!r}: expected one of {', '.join(EXEC_MODES)}")
+    if emit not in EMITS:
+        raise ValueError(f"emit {emit!r}: expected one of {', '.join(EMITS)}")
     tgt = targets.resolve(target)
+    if emit == "c":
+        _check_c(tgt, threads, exec_mode)
     if strict and not hooks.applies_to(tgt):
         raise UnsupportedTarget(
             f"strict: {targets.describe(tgt)} is not a target tvm_armq compiles for (an "
@@ -114,6 +123,60 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 "target "
                 f"(tvm_armq's kernels); {targets.describe(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
+    mod, variants = lowered(mod, tgt, label=TFLiteModel.load(model).label,
+                            tuning_database=tuning_database, precision=precision,
+                            report=report, strict=strict, kernels=kernels)
+    if emit == "c":  # the C library's own build (clib.py): one thread, no VM
+        from . import clib
+
+        return clib.build(mod, tgt, variants, TFLiteModel.load(model))
+    if threads == 1:
+        mod = pool.run_serially(mod)
+        if variants is not None:
+            variants.run_serially()
+    if exec_mode == "compiled" and variants is None:  # (passes/call_sequence.py)
+        mod = call_sequence.as_one_function(mod, tgt)
+    if threads is not None:
+        mod = pool.configure_pool(mod, threads, cores)
+    executable = tvm.relax.build(mod, tgt, relax_pipeline=relax_pipeline(), exec_mode=exec_mode)
+    if variants is not None:
+        variants.link(executable)
+    return executable
+
+
+def _check_c(tgt, threads: int | None, exec_mode: str) -> None:
+    """Refuse what a C library (``emit="c"``) cannot be, naming the option at fault."""
+    from . import hooks
+
+    if not hooks.applies_to(tgt):
+        raise UnsupportedTarget(
+            f"emit c writes a library of tvm_armq's aarch64 kernels; {targets.describe(tgt)} "
+            "is not an aarch64 LLVM target (use neon, dotprod, i8mm or portable)")
+    if threads not in (None, 1):
+        raise UnsupportedTarget(
+            f"emit c builds a single-threaded library (it runs on the caller's thread and "
+            f"starts none); threads={threads} needs the Relax VM library (emit vm)")
+    if exec_mode != EXEC_MODE:
+        raise UnsupportedTarget(f"emit c has no VM, so no exec_mode {exec_mode!r}")
+
+
+def relax_pipeline():
+    """The Relax pipeline after tvm_armq's pass (``lower``): TVM's own, then the internal
+    kernels' library names taken back (``call_sequence.keep_internal``)."""
+    import tvm
+
+    from . import hooks
+
+    return tvm.transform.Sequential([hooks.stock_pipeline(), call_sequence.keep_internal()])
+
+
+def lowered(mod, tgt, *, label: str, tuning_database=None, precision: str = "int8",
+            report: list | None = None, strict: bool = False, kernels: dict | None = None):
+    """An imported model lowered for the aarch64 target ``tgt`` as ``compile_tflite`` does
+    it, refusing what ``strict`` refuses: (the module, the portable build's per-level
+    variants or None)."""
+    import tvm
+
     layers = [] if report is None else report
     variants = None
     levels = targets.portable_levels(tgt)
@@ -136,7 +199,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             + "\n".join("  " + r.line() for r in fallbacks))
     if strict and not layers:
         raise tvm.error.OpNotImplemented(
-            f"strict: {TFLiteModel.load(model).label} has no quantized layer, so nothing "
+            f"strict: {label} has no quantized layer, so nothing "
             "would run on tvm_armq's integer kernels (a float model: quantize it to int8, "
             "or compile it with precision bf16 at the i8mm level)")
     if kernels is not None:
@@ -145,18 +208,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
             if "tvm_armq.kernel" in attrs:  # a GEMM's op attribute, or the layer's op
                 op = attrs.get("tvm_armq.op", attrs.get("tvm_armq.layer_op", ""))
                 kernels[gv.name_hint] = (str(op), str(attrs["tvm_armq.kernel"]))
-    if threads == 1:
-        mod = pool.run_serially(mod)
-    if exec_mode == "compiled" and variants is None:  # (passes/call_sequence.py)
-        mod = call_sequence.as_one_function(mod, tgt)
-    if threads is not None:
-        mod = pool.configure_pool(mod, threads, cores)
-    relax_pipeline = tvm.transform.Sequential([hooks.stock_pipeline(),
-                                               call_sequence.keep_internal()])
-    executable = tvm.relax.build(mod, tgt, relax_pipeline=relax_pipeline, exec_mode=exec_mode)
-    if variants is not None:
-        variants.link(executable)
-    return executable
+    return mod, variants
 
 
 def lower(mod, target, *, database=None, precision: str = "int8", report: list | None = None,

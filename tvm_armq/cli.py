@@ -4,6 +4,7 @@ tune them; manage the emulated device.
     tvm-armq compile MODEL.tflite --isa i8mm [-o MODEL.so] [--force] [--tuning DIR]
                                   [--precision int8|bf16] [--strict]
                                   [--threads N [--cores big|little]]
+                                  [--emit c [--name NAME]] (-o: a directory)
     tvm-armq inspect MODEL.tflite --isa i8mm [--tuning DIR]
     tvm-armq run [MODEL.tflite] --isa i8mm [--device HOST:PORT[:KEY]] [--tolerance N]
     tvm-armq diff MODEL.tflite --isa i8mm [--device HOST:PORT[:KEY]] [--stock]
@@ -20,14 +21,16 @@ exit status that says which kind of failure it was (``--debug`` adds the traceba
     2   bad command line (unknown option, ISA level, malformed HOST:PORT, ...)
     3   bad model file: missing, unreadable, not TFLite, or rejected by TFLite's verifier
     4   unsupported model: a tensor type or operator TVM (or TFLite: a custom op) cannot
-        load, or --strict refused it (layers left float, no quantized layer)
+        load, or --strict refused it (layers left float, no quantized layer), or --emit c
+        cannot make it one C function
     5   the target: not one tvm_armq compiles for (asked with strict, a tuning database or
         bf16), or lacking a feature the request needs (bf16 without +bf16)
     6   device or tracker: unreachable, hung past --timeout, crashed, or lacking the ISA
         extension the code uses
     7   tuning database or tuning run: not a database, corrupt, or tuned for another target
     8   output: -o (or tune's --work-dir) cannot be written, or -o would overwrite an
-        input, a directory or a file that is not a compiled module (without --force)
+        input, a directory or a file that is not a compiled module (without --force), or
+        the C library's cross tools are missing or failed
     9   run: the outputs differ from TFLite's reference kernels by more than --tolerance,
         or in number, shape or dtype; diff: a layer differs
     10  tune: every trial failed
@@ -82,13 +85,14 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 EXIT_CODES: tuple[tuple[int, tuple[str, ...]], ...] = (
     (EXIT_USAGE, ("tvm_armq.cli:UsageError", "tvm_armq.targets:UnknownIsaError")),
     (4, ("tvm_armq.frontend.importer:UnsupportedModel", "tvm.error:OpNotImplemented",
-         "tvm_armq.frontend.model:TFLiteCannotRun")),  # a ModelError: before that row
+         "tvm_armq.frontend.model:TFLiteCannotRun",  # a ModelError: before that row
+         "tvm_armq.clib:NotOneFunction")),
     (3, ("tvm_armq.frontend.model:ModelError",)),
     (5, ("tvm_armq.build:UnsupportedTarget",
          "tvm_armq.intrinsics.kernels:MissingTargetFeature")),
     (6, ("tvm_armq.device:DeviceError", "tvm_armq.tuning:DeviceGone")),  # and CycleModelError
     (7, ("tvm_armq.tuning:TuningError", "tvm_armq.build:TuningTargetMismatch")),
-    (8, ("tvm_armq.export:OutputError",)),
+    (8, ("tvm_armq.export:OutputError", "tvm_armq.clib:CLibraryError")),
     (9, ("tvm_armq.cli:OutputsDiffer",)),
     (10, ("tvm_armq.cli:AllTrialsFailed",)),
 )
@@ -215,6 +219,10 @@ def _output_path(a, model) -> Path:
 def cmd_compile(a) -> int:
     from . import build
 
+    if a.emit == "c":
+        return _compile_c(a)
+    if a.name is not None:
+        raise UsageError("--name names a C library's API: it goes with --emit c")
     model = _load(a.model)
     out = _output_path(a, model)
     report: list = []
@@ -233,6 +241,32 @@ def cmd_compile(a) -> int:
         print(f"tuned schedules from {a.tuning}, measured as {measured}"
               + (" (qemu's wall time: it ranks qemu's work, not a core's)"
                  if measured == "qemu-time" else ""))
+    return 0
+
+
+def _compile_c(a) -> int:
+    """``compile --emit c``: the header and libraries of ``clib.py`` in the -o directory."""
+    from . import build, clib
+
+    model = _load(a.model)
+    out = Path(a.output) if a.output else Path.cwd() / (Path(model.path).stem + "_c")
+    if out.exists() and not out.is_dir():
+        raise export.OutputError(f"-o {out} is a file: --emit c writes a directory (the "
+                                 "header and the libraries); choose another -o")
+    _at_least_one("--threads", a.threads)
+    report: list = []
+    cmodel = build.compile_tflite(model, a.isa, tuning_database=_tuning_dir(a),
+                                  precision=a.precision, report=report, strict=a.strict,
+                                  threads=a.threads, emit="c")
+    try:
+        lib = clib.write(cmodel, out, name=a.name or "model")
+    except OSError as e:
+        raise export.OutputError(f"cannot write {out}: {e.strerror or e} (choose another -o)")
+    size = lambda p: f"{p.stat().st_size / 1024:.0f} KB"  # noqa: E731
+    print(f"wrote {lib.header}, {lib.static.name} ({size(lib.static)}) and {lib.shared.name} "
+          f"({size(lib.shared)}) in {out} (aarch64, ISA level {cmodel.level}, one thread; "
+          f"arena {cmodel.arena_bytes} bytes, weights {cmodel.weights.size} bytes)\n"
+          f"{_kernel_summary(report)}")
     return 0
 
 
@@ -643,6 +677,12 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--cores", choices=list(CORES), default="big",
                    help="with --threads: pin the threads to the fastest cores (big) or the "
                         "slowest (little)")
+    c.add_argument("--emit", choices=["vm", "c"], default="vm",
+                   help="vm: a library for TVM's runtime (default); c: a header and "
+                        "libNAME.a / libNAME.so needing libc alone, in the -o directory "
+                        "(default MODEL_c; one thread)")
+    c.add_argument("--name", help="with --emit c: the API's prefix and the files' names "
+                                  "(default model: model.h, model_run, ...)")
 
     i = command("inspect", cmd_inspect,
                 help="per layer: op, shapes, the kernel chosen or why not")

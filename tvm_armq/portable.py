@@ -121,6 +121,14 @@ class Variants:
         self.items.append(Variant(level, sym, func.with_attr("global_symbol", sym), kernel))
         return sym
 
+    def run_serially(self) -> None:
+        """Every level function's parallel loops made serial (``threads.run_serially``: a
+        build for one thread)."""
+        from .threads import serial_func
+
+        for v in self.items:
+            v.func = serial_func(v.func)
+
     def compile_level(self, level: str):
         """The library of ``level``'s functions (the baseline level's also holds the level
         selector), compiled for that level alone; None if it has none."""

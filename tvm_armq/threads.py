@@ -96,6 +96,17 @@ def run_serially(mod):
     was given as a CPU list), and each task is a function taking its captured variables
     from a closure. Compiled for one thread, the loops run inline instead; the tasks'
     split (rows, channel blocks) stays as it was, as plain loops."""
+    from tvm import tirx
+
+    funcs = {gv: serial_func(f) for gv, f in mod.functions.items()
+             if isinstance(f, tirx.PrimFunc)}
+    for gv, f in funcs.items():
+        mod[gv] = f
+    return mod
+
+
+def serial_func(func):
+    """``func`` (a PrimFunc) with its parallel loops made serial (``run_serially``)."""
     import tvm_ffi
     from tvm import tirx
 
@@ -105,9 +116,5 @@ def run_serially(mod):
         return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.SERIAL, loop.body,
                         loop.thread_binding, loop.annotations, loop.step, loop.span)
 
-    funcs = {gv: f.with_body(tvm_ffi.structural_map(f.body, [(tirx.For, serial)]))
-             for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)}
-    for gv, f in funcs.items():
-        mod[gv] = f
-    return mod
+    return func.with_body(tvm_ffi.structural_map(func.body, [(tirx.For, serial)]))
 

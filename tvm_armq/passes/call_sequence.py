@@ -356,11 +356,12 @@ def _model_func(plan: _Plan, arena_bytes: int, weight_spans: list, weight_bytes:
         {"global_symbol": FUNC_NAME, "tirx.noalias": True})
 
 
-def as_one_function(mod, target):
+def as_one_function(mod, target, *, required: bool = False):
     """``mod`` with ``main`` one call of ``tvm_armq_model`` (module docstring), or ``mod``
-    unchanged where ``main`` is not a plain sequence of kernel calls. It legalizes what
-    operators are left (as TVM's pipeline would next) so that every one is a
-    ``call_tir`` or a reshape; the VM's memory passes come after it."""
+    unchanged where ``main`` is not a plain sequence of kernel calls (``required``: raise
+    ``NotASequence``, saying why). It legalizes what operators are left (as TVM's pipeline
+    would next) so that every one is a ``call_tir`` or a reshape; the VM's memory passes
+    come after it."""
     from tvm import ir, relax
 
     with target:
@@ -369,6 +370,8 @@ def as_one_function(mod, target):
     try:
         plan = _plan(mod)
     except NotASequence:
+        if required:
+            raise
         return mod
     arena_bytes = place(plan.tensors)
     builder = relax.BlockBuilder(mod)
@@ -387,3 +390,13 @@ def as_one_function(mod, target):
     out["main"] = relax.Function(main.params, body, main.ret_ty, is_pure=main.is_pure,
                                  attrs=main.attrs)
     return out
+
+
+def weights_of(mod) -> np.ndarray:
+    """The one weights array (``weights_blob``) that ``main`` of an ``as_one_function``
+    module passes to ``tvm_armq_model``: the bytes a C library embeds."""
+    from tvm import ir
+
+    call = mod["main"].body.blocks[0].bindings[0].value
+    (blob,) = [a for a in call.args[1].fields if isinstance(a, ir.Constant)]
+    return blob.value.numpy()
