@@ -20,6 +20,8 @@ Rendering replaces what is between them and keeps the markers. The tables (marke
                    exists, a sentence saying there are none)
     batch_matmul   attention's products alone against their MAC floor (batch_matmul.json,
                    made by scripts/bench_batch_matmul.py --json)
+    clib           the C library's sizes, arena and cycles beside TFLite's and the VM
+                   library's (clib.json, made by scripts/bench_clib.py)
 
 A file that does not exist or has no markers is left alone; a marker of another name is an
 error, as is a table whose rows come from two armperf versions, or a ceilings.json made
@@ -72,17 +74,18 @@ class Data:
     ceilings: list[dict] | None
     batch_matmul: list[dict] | None = None
     layers: list[dict] | None = None
+    clib: list[dict] | None = None
 
     @classmethod
     def load(cls, folder: Path = rd.RESULTS) -> Data:
         return cls(folder, rd.load(folder / rd.MODELS), rd.load(folder / rd.THREADS),
                    rd.load(folder / rd.CEILINGS), rd.load(folder / rd.BATCH_MATMUL),
-                   rd.load(folder / rd.LAYERS))
+                   rd.load(folder / rd.LAYERS), rd.load(folder / rd.CLIB))
 
     def need(self, name: str) -> list[dict]:
         rows = {rd.MODELS: self.models, rd.THREADS: self.threads,
                 rd.CEILINGS: self.ceilings, rd.BATCH_MATMUL: self.batch_matmul,
-                rd.LAYERS: self.layers}[name]
+                rd.LAYERS: self.layers, rd.CLIB: self.clib}[name]
         if rows is None:
             raise ResultsError(f"{shown(self.folder / name)} not found; "
                                "see scripts/results_data.py for how it is made")
@@ -277,9 +280,31 @@ def table_layers(data: Data) -> str:
             "as often as the net uses it.")
 
 
+def table_clib(data: Data) -> str:
+    """Per model and level: the C library's sizes and arena beside TFLite's, and armperf's
+    cycles of the C library and of the VM library (scripts/bench_clib.py)."""
+    rows = data.need(rd.CLIB)
+    version = rd.armperf_version(rows, "clib")
+    kb = lambda n: f"{n / 1024:,.0f} KB"  # noqa: E731
+    body = [[r["model"], r["isa"], kb(r["so_bytes"]), kb(r["a_bytes"]), kb(r["arena"]),
+             kb(r["model_bytes"]), kb(r["tflite_arena"]), sci(r["c_cycles"]),
+             ratio(r["vm_cycles"] / r["c_cycles"])] for r in rows]
+    runtime = {r["tflite_runtime_bytes"] for r in rows}
+    return (markdown_table(["model", "level", "lib.so", "lib.a", "arena", "TFLite model",
+                            "TFLite arena", "C est. cycles", "VM / C"], body) + "\n\n"
+            f"`lib.so` and `lib.a` hold the weights; the arena is `ARENA_BYTES` (the tensors "
+            "between layers and the GEMMs' packing buffers). TFLite needs the model file "
+            f"and its runtime, {', '.join(kb(b) for b in sorted(runtime))} for LiteRT 2.1.6's "
+            "aarch64 interpreter library (`libpywrap_litert_common.so`: the interpreter, its "
+            "kernels and XNNPACK), and its tensor arena (the activations as its planner "
+            "places them; XNNPACK's own buffers come on top). armperf version "
+            f"{version}, one thread: estimated cycles of a run of the C library, and the VM "
+            "library's (`compile --threads 1`) over it.")
+
+
 TABLES = {"models": table_models, "models_cycles": table_models_cycles,
           "ceilings": table_ceilings, "threads": table_threads,
-          "batch_matmul": table_batch_matmul, "layers": table_layers}
+          "batch_matmul": table_batch_matmul, "layers": table_layers, "clib": table_clib}
 
 
 # ------------------------------------------------------------------ markers

@@ -37,6 +37,7 @@ MODELS = "models.json"
 THREADS = "models_threads.json"
 CEILINGS = "ceilings.json"
 BATCH_MATMUL = "batch_matmul.json"  # scripts/bench_batch_matmul.py --json
+CLIB = "clib.json"  # scripts/bench_clib.py: the C library's sizes, arena and cycles
 LAYERS = "layers.json"  # scripts/bench_layers.py --json, its "rows" less the hot blocks
 
 ONE_THREAD = 1

@@ -215,3 +215,34 @@ def test_what_a_c_library_cannot_be_is_refused():
         build.compile_tflite(model, "llvm", emit="c")
     with pytest.raises(ValueError, match="emit 'wasm'"):
         build.compile_tflite(model, "dotprod", emit="wasm")
+
+
+def test_cli_emit_c_writes_the_library_and_names_what_it_cannot_do(tmp_path):
+    """``compile --emit c -o DIR --name NAME`` writes NAME.h, libNAME.a and libNAME.so and
+    says so in one line; an -o that is a file, --name without --emit c and more than one
+    thread are one error line each, with their exit status."""
+    import sys
+
+    def tvm_armq(*args):
+        return subprocess.run([sys.executable, "-m", "tvm_armq", *map(str, args)],
+                              capture_output=True, text=True, timeout=900)
+
+    model = zoo.build("two_in_two_out")
+    res = tvm_armq("compile", model, "--isa", "neon", "--emit", "c", "-o", tmp_path / "out",
+                   "--name", "net")
+    assert res.returncode == 0 and "Traceback" not in res.stderr, res.stderr
+    assert res.stdout.startswith(f"wrote {tmp_path / 'out' / 'net.h'}, libnet.a ("), res.stdout
+    assert "ISA level neon, one thread; arena " in res.stdout
+    assert {p.name for p in (tmp_path / "out").iterdir()} == {"net.h", "libnet.a", "libnet.so"}
+    assert "int net_run(net_ctx *ctx," in (tmp_path / "out" / "net.h").read_text()
+    (tmp_path / "file").write_text("not a directory")
+    for args, code, says in (
+            (["-o", tmp_path / "file"], 8, "--emit c writes a directory"),
+            (["--threads", "2"], 5, "single-threaded"),
+            (["--name", "9lives"], 8, "a C identifier is needed")):
+        res = tvm_armq("compile", model, "--isa", "neon", "--emit", "c", *args)
+        errors = [ln for ln in res.stderr.splitlines() if ln.startswith("tvm-armq: error: ")]
+        assert res.returncode == code and len(errors) == 1 and says in errors[0], res.stderr
+        assert "Traceback" not in res.stderr
+    res = tvm_armq("compile", model, "--isa", "neon", "--name", "net", "-o", tmp_path / "x.so")
+    assert res.returncode == 2 and "goes with --emit c" in res.stderr, res.stderr

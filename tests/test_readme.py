@@ -69,3 +69,24 @@ def test_command_line_example(folder):
     assert_run_exact(ran, 1, "the README's run")
     assert "i8mm:" in status
     assert (folder / "model.tflite").read_bytes() == model
+
+
+def _declarations(text: str) -> set[str]:
+    """The ``#define`` lines and function prototypes of C text, comments dropped and
+    whitespace made single spaces."""
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    found = {" ".join(ln.split()) for ln in text.splitlines() if ln.startswith("#define")}
+    for proto in re.findall(r"^[a-z][\w \*]*\w+\([^;{]*\);", text, re.M | re.S):
+        found.add(" ".join(proto.split()).replace("( ", "(").replace(" )", ")"))
+    return found
+
+
+def test_c_header_excerpt_is_the_bundled_models(tmp_path):
+    """The README's excerpt of ``model.h`` is what ``compile --emit c`` writes for the
+    bundled model at dotprod, as its command says: each constant and prototype it shows."""
+    from tvm_armq import build, clib
+
+    (excerpt,) = blocks("c")
+    lib = clib.write(build.compile_tflite(cli.BUNDLED_MODEL, "dotprod", emit="c"), tmp_path)
+    shown, header = _declarations(excerpt), _declarations(lib.header.read_text())
+    assert len(shown) >= 10 and shown <= header, sorted(shown - header)

@@ -60,6 +60,19 @@ def test_renders_attentions_products_against_their_floor(tmp_path):
         rr.TABLES["batch_matmul"](rr.Data.load(tmp_path))
 
 
+def test_renders_the_c_librarys_sizes_beside_tflites(tmp_path):
+    """A clib.json row: sizes in KB, the VM library's cycles over the C library's, the
+    TFLite runtime's size and the armperf version in the note."""
+    rd.write(tmp_path / rd.CLIB, [{"model": "net_a", "isa": "dotprod", "armperf": 4,
+                                   "so_bytes": 2048, "a_bytes": 3072, "arena": 1024,
+                                   "weights": 512, "model_bytes": 4096,
+                                   "tflite_arena": 5120, "tflite_runtime_bytes": 10240,
+                                   "c_cycles": 1.0e6, "vm_cycles": 1.02e6}])
+    text = rr.TABLES["clib"](rr.Data.load(tmp_path))
+    assert "| net_a | dotprod | 2 KB | 3 KB | 1 KB | 4 KB | 5 KB | 1.000e6 | 1.020 |" in text
+    assert "10 KB for LiteRT 2.1.6" in text and "armperf version 4" in text
+
+
 # ------------------------------------------------------------------ made-up data
 def bench_row(model, isa, tflite, tvm, version=4, threads=1):
     return {"model": model, "isa": isa, "tflite": tflite, "tvm_armq": tvm,

@@ -248,6 +248,7 @@ def _compile_c(a) -> int:
     """``compile --emit c``: the header and libraries of ``clib.py`` in the -o directory."""
     from . import build, clib
 
+    clib.check_name(a.name or "model")
     model = _load(a.model)
     out = Path(a.output) if a.output else Path.cwd() / (Path(model.path).stem + "_c")
     if out.exists() and not out.is_dir():

@@ -251,8 +251,7 @@ def _signature(model) -> tuple[list, list]:
 def write(cmodel: CModel, out_dir, name: str = "model") -> CLibrary:
     """Write ``cmodel`` as ``<name>.h``, ``lib<name>.a`` and ``lib<name>.so`` in
     ``out_dir`` (made if need be), each replaced only when complete."""
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
-        raise CLibraryError(f"--name {name!r}: a C identifier is needed (the API's prefix)")
+    check_name(name)
     for t in cmodel.inputs + cmodel.outputs:
         if t.dtype not in DLPACK_DTYPE or len(t.shape) > MAX_RANK:
             raise NotOneFunction(f"{cmodel.label}: tensor {t.name!r} ({t.dtype}, rank "
@@ -297,6 +296,12 @@ def write(cmodel: CModel, out_dir, name: str = "model") -> CLibrary:
             os.replace(tmp_target, target)
             results.append(target)
     return CLibrary(*results, cmodel)
+
+
+def check_name(name: str) -> None:
+    """Refuse a prefix that is not a C identifier (the API's functions start with it)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise CLibraryError(f"--name {name!r}: a C identifier is needed (the API's prefix)")
 
 
 def _tools() -> dict:
