@@ -5,6 +5,7 @@ library. (The scripts run as ``python scripts/NAME.py``, so this module is impor
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import subprocess
 import sys
@@ -43,3 +44,14 @@ def tvm_cycles(armperf: Path, lib: Path, model, level: str,
             raise RuntimeError(f"armperf failed on {lib} at {level}:\n{res.stderr[-2000:]}")
         r = json.load(open(out.name))["tvm"]
         return r["cycles_per_run"], r.get("armperf", 1)
+
+
+@contextlib.contextmanager
+def guest_script(prefix: str, source: str):
+    """Within: (a temporary folder, ``source`` written in it as the guest script armperf's
+    ``script`` mode runs)."""
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        work = Path(tmp)
+        guest = work / "guest.py"
+        guest.write_text(source)
+        yield work, guest

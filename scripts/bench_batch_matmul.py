@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import tempfile
 import textwrap
 from pathlib import Path
 
@@ -101,10 +100,7 @@ def main() -> int:
     rows = []
     print(f"{'case':18s} {'isa':8s} {'kernel':28s} {'est. cycles':>11s} {'floor':>9s} "
           f"{'x floor':>7s}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench_batch_matmul-") as tmp:
-        work = Path(tmp)
-        guest = work / "guest.py"
-        guest.write_text(GUEST)
+    with armperf_tool.guest_script("bench_batch_matmul-", GUEST) as (work, guest):
         for level in a.isa:
             rate = peak(level)
             for name in a.cases:

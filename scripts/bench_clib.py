@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -121,10 +120,7 @@ def main(argv=None) -> int:
     rows = []
     print(f"{'model':20s} {'isa':8s} {'.so':>9s} {'.a':>9s} {'arena':>9s} {'tfl arena':>9s} "
           f"{'C est.':>10s} {'VM est.':>10s} {'VM/C':>6s}", flush=True)
-    with tempfile.TemporaryDirectory(prefix="bench_clib-") as tmp:
-        work = Path(tmp)
-        guest = work / "guest.py"
-        guest.write_text(GUEST)
+    with armperf_tool.guest_script("bench_clib-", GUEST) as (work, guest):
         for name in a.models:
             model = TFLiteModel.load(zoo.build(name))
             arena_tfl = tflite_arena(model)

@@ -263,7 +263,9 @@ def _compile_c(a) -> int:
         lib = clib.write(cmodel, out, name=a.name or "model")
     except OSError as e:
         raise export.OutputError(f"cannot write {out}: {e.strerror or e} (choose another -o)")
-    size = lambda p: f"{p.stat().st_size / 1024:.0f} KB"  # noqa: E731
+    def size(path: Path) -> str:
+        return f"{path.stat().st_size / 1024:.0f} KB"
+
     print(f"wrote {lib.header}, {lib.static.name} ({size(lib.static)}) and {lib.shared.name} "
           f"({size(lib.shared)}) in {out} (aarch64, ISA level {cmodel.level}, one thread; "
           f"arena {cmodel.arena_bytes} bytes, weights {cmodel.weights.size} bytes)\n"

@@ -380,7 +380,7 @@ def header_text(cmodel: CModel, name: str) -> str:
         return lines
 
     errors = ",\n".join(f"  {up}_{e} = {i}" for i, e in enumerate(ERRORS))
-    params = ",\n                ".join(["{0}_ctx *ctx".format(name), *_params(cmodel)])
+    params = ",\n                ".join([f"{name}_ctx *ctx", *_params(cmodel)])
     return "\n".join([
         f"/* {name}.h: {Path(cmodel.label).name}, compiled by tvm_armq {__version__} into a C "
         "library",
@@ -395,7 +395,7 @@ def header_text(cmodel: CModel, name: str) -> str:
         f" *                    {name}_last_error(&ctx));",
         f" *   {name}_release(&ctx);",
         f" * Every input and output buffer is {up}_ALIGNMENT-byte aligned (aligned_alloc);",
-        f" * the library only reads the inputs and writes only the outputs and the arena.",
+        " * the library only reads the inputs and writes only the outputs and the arena.",
         " * The run starts no thread; contexts on different threads run at once.",
         " */",
         f"#ifndef {up}_H_",
@@ -410,7 +410,7 @@ def header_text(cmodel: CModel, name: str) -> str:
         "",
         f'#define {up}_ISA "{cmodel.level}"',
         f"#define {up}_ALIGNMENT {ALIGNMENT}u",
-        f"/* the bytes the workspace takes in a run at most (tensors between layers, packing) */",
+        "/* the bytes the workspace takes in a run at most (tensors between layers, packing) */",
         f"#define {up}_ARENA_BYTES {cmodel.arena_bytes}u",
         f"#define {up}_WEIGHT_BYTES {cmodel.weights.size}u",
         f"#define {up}_NUM_INPUTS {len(cmodel.inputs)}",
@@ -451,7 +451,7 @@ def header_text(cmodel: CModel, name: str) -> str:
         f"   freed by release); else arena (at least {up}_ARENA_BYTES, {up}_ALIGNMENT-aligned)",
         "   is yours, kept until release. Also checks that this CPU has the library's level. */",
         f"int {name}_init({name}_ctx *ctx, void *arena, size_t arena_bytes);",
-        f"/* Free what init allocated. */",
+        "/* Free what init allocated. */",
         f"void {name}_release({name}_ctx *ctx);",
         "/* Run the model: the inputs in the model's order, then the outputs. */",
         f"int {name}_run({params});",
@@ -461,7 +461,7 @@ def header_text(cmodel: CModel, name: str) -> str:
         "/* What an error code means, and what the last failure on ctx said. */",
         f"const char *{name}_error_name(int code);",
         f"const char *{name}_last_error(const {name}_ctx *ctx);",
-        f'/* The ISA level the kernels run at on this CPU: "neon", "dotprod" or "i8mm". */',
+        '/* The ISA level the kernels run at on this CPU: "neon", "dotprod" or "i8mm". */',
         f"const char *{name}_level(void);",
         "/* Input or output i (NULL past the last). */",
         f"const {name}_tensor *{name}_input(int i);",
