@@ -16,6 +16,8 @@ Rendering replaces what is between them and keeps the markers. The tables (marke
     models_cycles  the estimated cycles of both sides per level (models.json)
     ceilings       per model and level: the ratio, its ceiling and tvm_armq / bound
                    (ceilings.json, made by scripts/mac_ceiling.py --json)
+    targets        per model and level: the ratio against its target, min(1.25, 0.9 x
+                   ceiling), met or not (ceilings.json)
     threads        tflite / tvm_armq on more threads (models_threads.json; until it
                    exists, a sentence saying there are none)
     batch_matmul   attention's products alone against their MAC floor (batch_matmul.json,
@@ -223,6 +225,32 @@ def table_ceilings(data: Data) -> str:
             "be nothing but multiply-accumulates at the peak rate.")
 
 
+def table_targets(data: Data) -> str:
+    """Per model and level: tflite / tvm_armq against its target, min(1.25, 0.9 x
+    ceiling), and whether it is met (ceilings.json)."""
+    rows = data.need(rd.CEILINGS)
+    check_ceilings_current(rows, data.models)
+    version = rd.armperf_version(rows, "targets")
+    levels = rd.levels()
+    body, met, measured = [], 0, 0
+    for m, per in by_model(rows).items():
+        cells = [m]
+        for lv in levels:
+            got, ceiling = field(per, lv, "tflite_over_tvm_armq"), field(per, lv, "ceiling")
+            if got is None or ceiling is None:
+                cells.append(MISSING)
+                continue
+            goal = rd.target(ceiling)
+            ok = got >= goal
+            met, measured = met + ok, measured + 1
+            cells.append(f"{ratio(got)} / {ratio(goal)} {'✓' if ok else '✗'}")
+        body.append(cells)
+    return (markdown_table(["model", *levels], body) + "\n\n"
+            f"armperf version {version}, one thread: tflite / tvm_armq against its target, "
+            f"min({rd.TARGET_RATIO}, {rd.CEILING_SHARE} x ceiling) (the ceilings table); "
+            f"{met} of {measured} met.")
+
+
 def table_threads(data: Data) -> str:
     if data.threads is None:  # optional: no run on more threads merged yet
         return (f"No figures on more than one thread yet ({rd.THREADS} not in "
@@ -304,7 +332,8 @@ def table_clib(data: Data) -> str:
 
 TABLES = {"models": table_models, "models_cycles": table_models_cycles,
           "ceilings": table_ceilings, "threads": table_threads,
-          "batch_matmul": table_batch_matmul, "layers": table_layers, "clib": table_clib}
+          "batch_matmul": table_batch_matmul, "layers": table_layers, "clib": table_clib,
+          "targets": table_targets}
 
 
 # ------------------------------------------------------------------ markers

@@ -130,6 +130,19 @@ def merge_files(paths: list[Path], results: Path = RESULTS) -> dict[str, int]:
     return merged
 
 
+# Issue 42's goal per model and level: tflite / tvm_armq at least min(TARGET_RATIO,
+# CEILING_SHARE x ceiling): 1.25 where the core leaves room, else 90% of what any
+# implementation could reach (the ceiling: TFLite's cycles over the MAC floor,
+# scripts/mac_ceiling.py)
+TARGET_RATIO = 1.25
+CEILING_SHARE = 0.9
+
+
+def target(ceiling: float) -> float:
+    """The tflite / tvm_armq a model and level must reach, given its ceiling."""
+    return min(TARGET_RATIO, CEILING_SHARE * ceiling)
+
+
 def armperf_version(rows: list[dict], table: str) -> int:
     """The one armperf version of ``rows``; MixedVersionsError naming ``table`` if they hold
     several (or a row holds none)."""

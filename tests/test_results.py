@@ -145,6 +145,17 @@ def test_renders_the_tables(made_up):
     assert "MACs per cycle: neon 8.0, dotprod 32.0, i8mm 64.0" in text
 
 
+def test_renders_each_ratio_against_its_target(made_up):
+    """min(1.25, 0.9 x ceiling): net_a's ceilings (2.0 at neon) leave room for 1.25; net_b's
+    at neon, 2e4 / (8e4 / 8) = 2.0 too, its dotprod 1.5e4 / 2.5e3 = 6.0."""
+    results, _ = made_up
+    text = rr.TABLES["targets"](rr.Data.load(results))
+    assert "| net_a | 1.250 / 1.250 ✓ | 2.000 / 1.250 ✓ | 2.500 / 1.250 ✓ |" in text
+    assert f"| net_b | 0.800 / 1.250 ✗ | 1.250 / 1.250 ✓ | {rr.MISSING} |" in text
+    assert "4 of 5 met" in text
+    assert rd.target(1.1) == pytest.approx(0.99) and rd.target(3.0) == 1.25
+
+
 def test_check_passes_after_rendering_and_fails_after_a_hand_edit(made_up, capsys):
     results, doc = made_up
     args = ["--results", str(results), str(doc)]
