@@ -22,6 +22,15 @@ def add_option(ap: argparse.ArgumentParser) -> None:
                     help=f"armperf.py to measure with (default {DEFAULT})")
 
 
+def parse(ap: argparse.ArgumentParser, argv=None) -> argparse.Namespace:
+    """``ap``'s arguments with ``--armperf`` added, ending with a usage error if armperf is
+    not where it says."""
+    add_option(ap)
+    a = ap.parse_args(argv)
+    require(ap, a.armperf)
+    return a
+
+
 def require(ap: argparse.ArgumentParser, path: Path) -> None:
     """End the script with a usage error if armperf is not at ``path``."""
     if not path.exists():

@@ -93,10 +93,7 @@ def main() -> int:
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--isa", nargs="+", default=list(LEVELS), choices=list(LEVELS))
     ap.add_argument("--json", type=Path, help="write the rows here")
-    armperf_tool.add_option(ap)
-    a = ap.parse_args()
-    armperf_tool.require(ap, a.armperf)
-
+    a = armperf_tool.parse(ap)
     rows = []
     print(f"{'case':18s} {'isa':8s} {'kernel':28s} {'est. cycles':>11s} {'floor':>9s} "
           f"{'x floor':>7s}", flush=True)

@@ -114,9 +114,7 @@ def main(argv=None) -> int:
     ap.add_argument("--models", nargs="+", default=MODELS)
     ap.add_argument("--isa", nargs="+", default=list(LEVELS))
     ap.add_argument("--json", type=Path, default=rd.RESULTS / rd.CLIB)
-    armperf_tool.add_option(ap)
-    a = ap.parse_args(argv)
-    armperf_tool.require(ap, a.armperf)
+    a = armperf_tool.parse(ap, argv)
     rows = []
     print(f"{'model':20s} {'isa':8s} {'.so':>9s} {'.a':>9s} {'arena':>9s} {'tfl arena':>9s} "
           f"{'C est.':>10s} {'VM est.':>10s} {'VM/C':>6s}", flush=True)
