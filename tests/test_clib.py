@@ -77,9 +77,8 @@ def run_example(lib: Path, model: TFLiteModel, inputs: list, cpu_level: str,
     assert res.returncode == 0, res.stderr
     raw, at, outs = dst.read_bytes(), 0, []
     for t in model.signature()[1]:
-        size = int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize
-        outs.append(np.frombuffer(raw[at:at + size], t.dtype).reshape(t.shape))
-        at += size
+        outs.append(np.frombuffer(raw[at:at + t.nbytes], t.dtype).reshape(t.shape))
+        at += t.nbytes
     assert at == len(raw), f"{len(raw)} bytes written, the outputs take {at}"
     (level,) = re.findall(r"ran at level (\w+)", res.stderr)
     return outs, level

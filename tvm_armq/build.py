@@ -115,6 +115,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 f"precision bf16 runs bfmmla, which needs the bf16 extension (+bf16); "
                 f"{targets.describe(tgt)} lacks it: use the i8mm level (--isa i8mm) or "
                 "precision int8")
+    model = TFLiteModel.load(model)  # read once: the import, the strict message, a C library
     mod = import_tflite(model)
     if not hooks.applies_to(tgt):
         if tuning_database is not None or precision != "int8" or threads is not None:
@@ -123,17 +124,16 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
                 "target "
                 f"(tvm_armq's kernels); {targets.describe(tgt)} compiles with stock TVM only")
         return tvm.compile(mod, target=tgt)
-    mod, variants = lowered(mod, tgt, label=TFLiteModel.load(model).label,
-                            tuning_database=tuning_database, precision=precision,
-                            report=report, strict=strict, kernels=kernels)
-    if emit == "c":  # the C library's own build (clib.py): one thread, no VM
-        from . import clib
-
-        return clib.build(mod, tgt, variants, TFLiteModel.load(model))
-    if threads == 1:
+    mod, variants = lowered(mod, tgt, label=model.label, tuning_database=tuning_database,
+                            precision=precision, report=report, strict=strict, kernels=kernels)
+    if threads == 1 or emit == "c":  # one thread (a C library's always): every loop serial
         mod = pool.run_serially(mod)
         if variants is not None:
             variants.run_serially()
+    if emit == "c":  # the C library's own build (clib.py): no VM
+        from . import clib
+
+        return clib.build(mod, tgt, variants, model)
     if exec_mode == "compiled" and variants is None:  # (passes/call_sequence.py)
         mod = call_sequence.as_one_function(mod, tgt)
     if threads is not None:

@@ -248,7 +248,8 @@ def _compile_c(a) -> int:
     """``compile --emit c``: the header and libraries of ``clib.py`` in the -o directory."""
     from . import build, clib
 
-    clib.check_name(a.name or "model")
+    name = a.name or "model"
+    clib.check_name(name)
     model = _load(a.model)
     out = Path(a.output) if a.output else Path.cwd() / (Path(model.path).stem + "_c")
     if out.exists() and not out.is_dir():
@@ -260,9 +261,10 @@ def _compile_c(a) -> int:
                                   precision=a.precision, report=report, strict=a.strict,
                                   threads=a.threads, emit="c")
     try:
-        lib = clib.write(cmodel, out, name=a.name or "model")
+        lib = clib.write(cmodel, out, name=name)
     except OSError as e:
         raise export.OutputError(f"cannot write {out}: {e.strerror or e} (choose another -o)")
+
     def size(path: Path) -> str:
         return f"{path.stat().st_size / 1024:.0f} KB"
 

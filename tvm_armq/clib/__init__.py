@@ -88,21 +88,6 @@ class NotOneFunction(ValueError):
     no C form); the message says why."""
 
 
-@dataclasses.dataclass(frozen=True)
-class Tensor:
-    """An input or output of the model as the header describes it."""
-
-    name: str
-    shape: tuple
-    dtype: str
-    scale: float = 0.0  # 0: not quantized
-    zero_point: int = 0
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
-
-
 @dataclasses.dataclass
 class CModel:
     """A model compiled for a C library (``build``), not yet written (``write``)."""
@@ -112,7 +97,7 @@ class CModel:
     objects: list              # runtime modules of TVM's LLVM code, one per object file
     weights: np.ndarray        # the weights array, bytes
     arena_bytes: int           # what one run takes of the workspace, at most
-    inputs: list               # Tensor, in the model's order
+    inputs: list               # frontend.model.TensorInfo, in the model's order
     outputs: list
 
 
@@ -128,16 +113,13 @@ class CLibrary:
 
 # ------------------------------------------------------------------ build
 def build(mod, target, variants, model) -> CModel:
-    """``mod`` (lowered by ``build.lowered``; ``variants`` its portable per-level functions
-    or None) compiled as one C-callable function for ``target``: the library's objects."""
+    """``mod`` (lowered by ``build.lowered``, its parallel loops serial; ``variants`` its
+    portable per-level functions, serial too, or None) compiled as one C-callable function
+    for ``target``: the library's objects."""
     from tvm import relax
 
     from .. import build as build_mod
-    from .. import threads
 
-    mod = threads.run_serially(mod)
-    if variants is not None:
-        variants.run_serially()
     try:
         mod = call_sequence.as_one_function(mod, target, required=True)
     except call_sequence.NotASequence as e:
@@ -153,7 +135,7 @@ def build(mod, target, variants, model) -> CModel:
             objects += [lib.mod for lib in map(variants.compile_level, variants.levels)
                         if lib is not None]
     level = "portable" if variants is not None else level_of(target)
-    inputs, outputs = _signature(model)
+    inputs, outputs = model.signature()
     return CModel(model.label, level, objects, call_sequence.weights_of(mod),
                   arena_bound(model_blocks, level_blocks), inputs, outputs)
 
@@ -190,22 +172,23 @@ def arena_bound(model_modules, level_modules=()) -> int:
     kernel's take, plus the most a portable level function's take (a dispatcher calls one),
     each block rounded up to ``ALIGNMENT`` as the allocator places them."""
     model, kernels = 0, [0]
-    for mod in model_modules:
-        for gv, func in _prim_funcs(mod):
-            total = sum(_aligned(n) for n in _workspace_blocks(gv.name_hint, func))
-            if gv.name_hint == call_sequence.FUNC_NAME:
-                model += total
-            else:
-                kernels.append(total)
-    levels = [0] + [sum(_aligned(n) for n in _workspace_blocks(gv.name_hint, func))
-                    for mod in level_modules for gv, func in _prim_funcs(mod)]
+    for name, nbytes in _workspace_bytes(model_modules):
+        if name == call_sequence.FUNC_NAME:
+            model += nbytes
+        else:
+            kernels.append(nbytes)
+    levels = [0] + [nbytes for _, nbytes in _workspace_bytes(level_modules)]
     return model + max(kernels) + max(levels)
 
 
-def _prim_funcs(mod):
+def _workspace_bytes(modules) -> list[tuple[str, int]]:
+    """(name, the bytes its workspace blocks take) of every PrimFunc of ``modules``."""
     from tvm import tirx
 
-    return [(gv, f) for gv, f in mod.functions.items() if isinstance(f, tirx.PrimFunc)]
+    return [(gv.name_hint, sum(call_sequence.aligned(n)
+                               for n in _workspace_blocks(gv.name_hint, func)))
+            for mod in modules for gv, func in mod.functions.items()
+            if isinstance(func, tirx.PrimFunc)]
 
 
 def _workspace_blocks(name: str, func) -> list:
@@ -226,25 +209,6 @@ def _workspace_blocks(name: str, func) -> list:
 
     tvm_ffi.structural_walk(func.body, [(ir.Call, visit)])
     return sizes
-
-
-def _aligned(n: int) -> int:
-    return -(-n // ALIGNMENT) * ALIGNMENT
-
-
-def _signature(model) -> tuple[list, list]:
-    """The model's inputs and outputs as TFLite declares them, with their quantization."""
-    it = model._interpreter(reference_kernels=True)
-
-    def tensors(details):
-        out = []
-        for d in details:
-            scale, zp = d.get("quantization", (0.0, 0))
-            out.append(Tensor(d["name"], tuple(int(s) for s in d["shape"]),
-                              np.dtype(d["dtype"]).name, float(scale), int(zp)))
-        return out
-
-    return tensors(it.get_input_details()), tensors(it.get_output_details())
 
 
 # ------------------------------------------------------------------ write

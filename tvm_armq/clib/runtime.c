@@ -85,8 +85,13 @@ static const char *const armq_level_names[] = {"neon", "dotprod", "i8mm"};
 /* ------------------------------------------------------------------ errors */
 static __thread char armq_error[sizeof(((armq_ctx *)0)->message)];
 
+/* a, b and c (b, c may be NULL) into to[size] */
+static void armq_format(char *to, size_t size, const char *a, const char *b, const char *c) {
+  snprintf(to, size, "%s%s%s", a, b ? b : "", c ? c : "");
+}
+
 static void armq_say(const char *a, const char *b, const char *c) {
-  snprintf(armq_error, sizeof armq_error, "%s%s%s", a, b ? b : "", c ? c : "");
+  armq_format(armq_error, sizeof armq_error, a, b, c);
 }
 
 void TVMFFIErrorSetRaisedFromCStrParts(const char *kind, const char **parts, int32_t n) {
@@ -184,8 +189,7 @@ const char *ARMQ_API(last_error)(const armq_ctx *ctx) {
 }
 
 static int armq_fail(armq_ctx *ctx, int code, const char *a, const char *b, const char *c) {
-  if (ctx != NULL) snprintf(ctx->message, sizeof ctx->message, "%s%s%s", a, b ? b : "",
-                            c ? c : "");
+  if (ctx != NULL) armq_format(ctx->message, sizeof ctx->message, a, b, c);
   return code;
 }
 

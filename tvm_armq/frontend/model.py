@@ -69,6 +69,12 @@ class TensorInfo:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    scale: float = 0.0  # the tensor's quantization, as TFLite declares it (0: not quantized)
+    zero_point: int = 0
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,8 +210,12 @@ class TFLiteModel:
         it = self._interpreter(reference_kernels=True)
 
         def info(details):
-            return [TensorInfo(d["name"], tuple(int(s) for s in d["shape"]),
-                               np.dtype(d["dtype"]).name) for d in details]
+            out = []
+            for d in details:
+                scale, zero_point = d["quantization"]
+                out.append(TensorInfo(d["name"], tuple(int(s) for s in d["shape"]),
+                                      np.dtype(d["dtype"]).name, float(scale), int(zero_point)))
+            return out
 
         return info(it.get_input_details()), info(it.get_output_details())
 

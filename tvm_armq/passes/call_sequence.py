@@ -218,7 +218,7 @@ def place(tensors) -> int:
     return max((p.offset + _slot(p) for p in placed), default=0)
 
 
-def _aligned(nbytes: int) -> int:
+def aligned(nbytes: int) -> int:
     """``nbytes`` rounded up to a multiple of ``ALIGN``: the room a tensor takes in the
     arena or the weights array, so that the next one starts aligned."""
     return -(-nbytes // ALIGN) * ALIGN
@@ -226,7 +226,7 @@ def _aligned(nbytes: int) -> int:
 
 def _slot(t) -> int:
     """The bytes a tensor takes in the arena."""
-    return _aligned(t.nbytes)
+    return aligned(t.nbytes)
 
 
 def internal(func):
@@ -310,8 +310,8 @@ def weights_blob(consts) -> tuple[np.ndarray, list[tuple[int, int]]]:
     for c in consts:
         raw = np.frombuffer(c.value.numpy().tobytes(), np.uint8)
         spans.append((size, raw.size))
-        parts.append(np.pad(raw, (0, _aligned(raw.size) - raw.size)))
-        size += _aligned(raw.size)
+        parts.append(np.pad(raw, (0, aligned(raw.size) - raw.size)))
+        size += aligned(raw.size)
     blob = np.concatenate(parts) if parts else np.zeros(ALIGN, np.uint8)
     return blob, spans
 
