@@ -12,10 +12,13 @@ bfmmla and straight-line code that qemu cut into pieces by themselves); the armp
 that produced it is printed and stored with the figures. The library is compiled for the
 threads it is measured on (``compile_tflite(threads=N)``: serial loops on one). With
 ``--threads N`` (armperf 3) both sides run on N threads and the figure is the critical
-path: the busiest thread's work.
+path: the busiest thread's work. With ``--plain`` a third build is measured beside them:
+the model through plain ``tvm.compile`` after ``import tvm_armq`` (``compile_plain``),
+which leaves the pool's size to the runtime; its rows carry ``tvm_compile`` and the docs'
+default-path table compares it with the ``threads=N`` build.
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
-                                   [--threads N] [--no-stock] [--json out.json]
+                                   [--threads N] [--no-stock] [--plain] [--json out.json]
                                    [--png out.png] [--armperf PATH/armperf.py]
 
 The figures the docs show are the checked-in data in ``scripts/results/`` (see
@@ -62,6 +65,14 @@ def compile_stock(model: TFLiteModel, level: str):
                        relax_pipeline=hooks.stock_pipeline())
 
 
+def compile_plain(model: TFLiteModel, level: str):
+    """The model as a user of ``import tvm_armq`` compiles it: plain ``tvm.compile``, the
+    pool's size left to the runtime."""
+    import tvm
+
+    return tvm.compile(importer.import_tflite(model), target=targets.resolve(level))
+
+
 def input_specs(model: TFLiteModel) -> list[str]:
     return [",".join(map(str, t.shape)) + ":" + t.dtype for t in model.signature()[0]]
 
@@ -97,6 +108,8 @@ def main() -> int:
     ap.add_argument("--json", type=Path, help="write all figures here")
     ap.add_argument("--png", type=Path, help="bar chart of the ratios (needs matplotlib)")
     ap.add_argument("--no-stock", action="store_true", help="tvm_armq against TFLite only")
+    ap.add_argument("--plain", action="store_true",
+                    help="also plain tvm.compile after import tvm_armq (tvm_compile)")
     ap.add_argument("--merge", nargs="+", type=Path, metavar="JSON",
                     help="merge these --json files into scripts/results/ and measure nothing")
     a = ap.parse_args()
@@ -110,6 +123,8 @@ def main() -> int:
     # TFLite is given num_threads=N; on one thread its loops are compiled serial
     pool = a.threads
     builders = {"tvm_armq": lambda m, lvl: build.compile_tflite(m, lvl, threads=pool)}
+    if a.plain:
+        builders["tvm_compile"] = compile_plain
     if not a.no_stock:
         builders["stock_tvm"] = compile_stock
     rows = []

@@ -269,6 +269,27 @@ def table_threads(data: Data) -> str:
             "TFLite.")
 
 
+def table_default_path(data: Data) -> str:
+    """Per model and level measured with ``bench_models.py --plain``: plain ``tvm.compile``
+    after ``import tvm_armq`` (the pool's size left to the runtime) beside
+    ``compile_tflite(threads=1)``, both on one thread."""
+    rows = [r for r in data.need(rd.MODELS) if "tvm_compile" in r]
+    if not rows:
+        return ("No default-path figures yet: measure with bench_models.py --plain, then "
+                "merge.")
+    version = rd.armperf_version(rows, "default_path")
+    body = [[r["model"], r["isa"], sci(r["tvm_armq"]), sci(r["tvm_compile"]),
+             ratio(r["tvm_compile"] / r["tvm_armq"]), ratio(r["tflite_over_tvm_compile"])]
+            for r in rows]
+    return (markdown_table(["model", "level", "threads=1 est. cycles",
+                            "tvm.compile est. cycles", "tvm.compile / threads=1",
+                            "tflite / tvm.compile"], body) + "\n\n"
+            f"armperf version {version}, one thread: `compile_tflite(..., threads=1)` (loops "
+            "compiled serial) against plain `tvm.compile` after `import tvm_armq`, which "
+            "leaves the pool to the runtime and, on a pool of one thread, runs its kernels' "
+            "serial twins.")
+
+
 def table_batch_matmul(data: Data) -> str:
     rows = data.need(rd.BATCH_MATMUL)
     version = rd.armperf_version(rows, "batch_matmul")
@@ -333,7 +354,7 @@ def table_clib(data: Data) -> str:
 TABLES = {"models": table_models, "models_cycles": table_models_cycles,
           "ceilings": table_ceilings, "threads": table_threads,
           "batch_matmul": table_batch_matmul, "layers": table_layers, "clib": table_clib,
-          "targets": table_targets}
+          "targets": table_targets, "default_path": table_default_path}
 
 
 # ------------------------------------------------------------------ markers

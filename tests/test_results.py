@@ -156,6 +156,19 @@ def test_renders_each_ratio_against_its_target(made_up):
     assert rd.target(1.1) == pytest.approx(0.99) and rd.target(3.0) == 1.25
 
 
+def test_renders_the_default_path_beside_one_thread(made_up):
+    """Only rows measured with ``bench_models.py --plain`` (a ``tvm_compile`` figure) show:
+    the plain build's cycles over the ``threads=1`` build's, and TFLite's over it."""
+    results, _ = made_up
+    assert "No default-path figures yet" in rr.TABLES["default_path"](rr.Data.load(results))
+    rows = rd.load(results / rd.MODELS)
+    rows[1].update(tvm_compile=3.3e5, tflite_over_tvm_compile=6.0e5 / 3.3e5)
+    rd.write(results / rd.MODELS, rows)
+    text = rr.TABLES["default_path"](rr.Data.load(results))
+    assert "| net_a | dotprod | 3.000e5 | 3.300e5 | 1.100 | 1.818 |" in text
+    assert "net_b" not in text and "armperf version 4, one thread" in text
+
+
 def test_check_passes_after_rendering_and_fails_after_a_hand_edit(made_up, capsys):
     results, doc = made_up
     args = ["--results", str(results), str(doc)]

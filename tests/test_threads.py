@@ -21,6 +21,7 @@ import pytest
 from armq_checks import assert_exact, llvm_source, tier
 
 from tvm_armq import build, cli, device, export, threads, zoo
+from tvm_armq.passes import call_sequence
 from tvm_armq.schedules import gemm_plan
 from tvm_armq.frontend.importer import import_tflite
 from tvm_armq.frontend.model import TFLiteModel
@@ -34,13 +35,50 @@ import numpy as np, tvm
 from tvm.runtime.vm import VirtualMachine
 spec = json.load(open(sys.argv[1]))
 vm = VirtualMachine(tvm.runtime.load_module(spec["lib"]), tvm.cpu())
-for i, names in enumerate(spec["inputs"]):
-    out = vm["main"](*[tvm.runtime.tensor(np.load(n)) for n in names])
-    outs = [out] if hasattr(out, "numpy") else list(out)  # one tensor, or a tuple of them
-    for j, o in enumerate(outs):
-        np.save(f"{spec['out']}_{i}_{j}.npy", o.numpy())
-print(json.dumps({"pool": tvm.get_global_func("runtime.NumThreads")(), "outputs": len(outs)}))
+ran = []
+for p, pool in enumerate(spec["pools"]):  # None: the pool the runtime (or main) sets
+    if pool is not None:
+        tvm.get_global_func("runtime.config_threadpool")(1, pool)
+    for i, names in enumerate(spec["inputs"]):
+        out = vm["main"](*[tvm.runtime.tensor(np.load(n)) for n in names])
+        outs = [out] if hasattr(out, "numpy") else list(out)  # one tensor, or a tuple
+        for j, o in enumerate(outs):
+            np.save(f"{spec['out']}_{p}_{i}_{j}.npy", o.numpy())
+    ran.append({"pool": tvm.get_global_func("runtime.NumThreads")(), "outputs": len(outs)})
+print(json.dumps(ran))
 """
+
+
+def run_on_guest(model, lib, lvl, tmp_path, pools=(None,)) -> list:
+    """``lib`` run by the VM on ``lvl``'s emulated CPU, in a process whose runtime could have
+    4 threads (``TVM_NUM_THREADS=4``), on each seed's inputs once per entry of ``pools``
+    (None: the pool as the runtime or ``main`` sets it; N: ``runtime.config_threadpool``
+    to N first); each run checked bit-exact. Returns the pool each ran on."""
+    inputs, expected = [], []
+    for seed in SEEDS:
+        x = model.random_inputs(seed=seed)
+        names = []
+        for k, a in enumerate(x):
+            np.save(tmp_path / f"in_{seed}_{k}.npy", a)
+            names.append(str(tmp_path / f"in_{seed}_{k}.npy"))
+        inputs.append(names)
+        expected.append(model.reference_outputs(x))
+    spec = tmp_path / "spec.json"
+    spec.write_text(json.dumps({"lib": str(lib), "inputs": inputs, "pools": list(pools),
+                                "out": str(tmp_path / "out")}))
+    script = tmp_path / "run.py"
+    script.write_text(textwrap.dedent(GUEST_RUN))
+    device.provision()
+    env = {**device.guest_env(lvl), "TVM_NUM_THREADS": "4"}  # room for more than asked
+    res = subprocess.run(device.guest_command(lvl, str(script), str(spec)), env=env,
+                         capture_output=True, text=True, timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ran = json.loads(res.stdout.strip().splitlines()[-1])
+    for p, run in enumerate(ran):
+        for i, seed in enumerate(SEEDS):
+            got = [np.load(tmp_path / f"out_{p}_{i}_{j}.npy") for j in range(run["outputs"])]
+            assert_exact(got, expected[i], f"{NET} at {lvl} on {run['pool']} threads, seed {seed}")
+    return [run["pool"] for run in ran]
 
 
 # (level, threads): the fast tier runs two threads at dotprod (call_sequence's test runs one
@@ -59,30 +97,24 @@ def test_net_on_threads_is_bit_exact(lvl, pool, tmp_path):
     model = TFLiteModel.load(zoo.build(NET))
     lib = export.export_aarch64(build.compile_tflite(model, lvl, threads=pool),
                                 tmp_path / "m.so")
-    inputs, expected = [], []
-    for seed in SEEDS:
-        x = model.random_inputs(seed=seed)
-        names = []
-        for k, a in enumerate(x):
-            np.save(tmp_path / f"in_{seed}_{k}.npy", a)
-            names.append(str(tmp_path / f"in_{seed}_{k}.npy"))
-        inputs.append(names)
-        expected.append(model.reference_outputs(x))
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"lib": str(lib), "inputs": inputs, "out": str(tmp_path / "out")}))
-    script = tmp_path / "run.py"
-    script.write_text(textwrap.dedent(GUEST_RUN))
-    device.provision()
-    env = {**device.guest_env(lvl), "TVM_NUM_THREADS": "4"}  # room for more than asked
-    res = subprocess.run(device.guest_command(lvl, str(script), str(spec)), env=env,
-                         capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stderr[-3000:]
-    ran = json.loads(res.stdout.strip().splitlines()[-1])
-    assert ran["pool"] == pool, f"{NET} compiled with threads={pool} ran on {ran['pool']}"
-    for i, seed in enumerate(SEEDS):
-        got = [np.load(tmp_path / f"out_{i}_{j}.npy") for j in range(ran["outputs"])]
-        what = f"{NET} at {lvl} on {pool} threads, seed {seed}"
-        assert_exact(got, expected[i], what)
+    ran = run_on_guest(model, lib, lvl, tmp_path)
+    assert ran == [pool], f"{NET} compiled with threads={pool} ran on {ran}"
+
+
+@pytest.mark.device
+def test_a_pool_left_to_the_runtime_runs_serial_twins_on_one_thread(tmp_path):
+    """Compiled without ``threads`` (what ``tvm.compile`` after ``import tvm_armq`` gives),
+    the library asks the runtime how many threads its pool has, once a run: on one it runs
+    each parallel kernel's serial twin (``call_sequence.as_one_function``'s
+    ``serial_twins``), on two the parallel kernels. Both bit-exact, in one process."""
+    model = TFLiteModel.load(zoo.build(NET))
+    exe = build.compile_tflite(model, "dotprod")
+    source = llvm_source(exe)
+    assert source.count(f'c"{call_sequence.NUM_THREADS}\\00"') == 1  # the name, once
+    assert f"_internal_tvm_armq_conv2d{call_sequence.TWIN_SUFFIX}" in source, \
+        "no serial twin of a conv2d kernel"
+    lib = export.export_aarch64(exe, tmp_path / "m.so")
+    assert run_on_guest(model, lib, "dotprod", tmp_path, pools=(1, 2)) == [1, 2]
 
 
 def test_few_channel_layers_split_rows_as_well():

@@ -105,6 +105,21 @@ def run_serially(mod):
     return mod
 
 
+def has_parallel_loop(func) -> bool:
+    """Whether ``func`` (a PrimFunc) has a parallel loop: it enters the runtime's pool."""
+    import tvm_ffi
+    from tvm import tirx
+
+    found = []
+
+    def note(loop):
+        found.append(loop.kind == tirx.ForKind.PARALLEL)
+        return loop
+
+    tvm_ffi.structural_map(func.body, [(tirx.For, note)])
+    return any(found)
+
+
 def serial_func(func):
     """``func`` (a PrimFunc) with its parallel loops made serial (``run_serially``)."""
     import tvm_ffi

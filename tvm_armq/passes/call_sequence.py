@@ -21,7 +21,10 @@ call of it:
   only where neither is live while the other is, and a kernel's output never shares its
   inputs' bytes;
 - a reshape is the same bytes under another shape: the same pointer;
-- the model's outputs are written in place by the kernels that make them.
+- the model's outputs are written in place by the kernels that make them;
+- where the build leaves the pool's size to the runtime (``tvm.compile``), the steps are
+  there twice, the second time through serial twins of the parallel kernels, and each run
+  takes that branch on a pool of one thread (``serial_twins``).
 
 The library exports ``tvm_armq_model`` (and ``main``); each kernel keeps its name
 (``tvm_armq_conv2d3``, ...) and its ``tvm_armq.kernel`` attribute, and appears in the LLVM
@@ -55,6 +58,8 @@ ALIGN = 64
 INTERNAL = "tvm_armq.internal"   # attribute of a kernel called only by tvm_armq_model
 _KDLCPU = 1                      # DLPack's kDLCPU
 _WRAPPED = "_tvm_armq_on_cpu"
+NUM_THREADS = "runtime.NumThreads"  # the runtime's global: how many threads this pool has
+TWIN_SUFFIX = "_one_thread"         # a kernel's serial twin (as_one_function's serial_twins)
 
 
 class NotASequence(Exception):
@@ -316,9 +321,12 @@ def weights_blob(consts) -> tuple[np.ndarray, list[tuple[int, int]]]:
     return blob, spans
 
 
-def _model_func(plan: _Plan, arena_bytes: int, weight_spans: list, weight_bytes: int):
+def _model_func(plan: _Plan, arena_bytes: int, weight_spans: list, weight_bytes: int,
+                twins: dict):
     """``tvm_armq_model(inputs..., weights, outputs...)``: the steps as direct calls,
-    every constant a pointer into the one ``weights`` array (``weights_blob``)."""
+    every constant a pointer into the one ``weights`` array (``weights_blob``). With
+    ``twins`` (a kernel's GlobalVar -> its serial twin's), the steps twice: through the twins
+    where the runtime's pool has one thread, as they are otherwise (``as_one_function``)."""
     import tvm
     from tvm import ir, tirx
 
@@ -345,24 +353,40 @@ def _model_func(plan: _Plan, arena_bytes: int, weight_spans: list, weight_bytes:
 
     # a kernel returns nonzero where it failed, its error already set
     # (the FFI constructor takes the condition first, whatever the Python signature says)
-    calls = [tirx.AssertStmt(
-        tvm.ir.Call(gv, [pointer(r) for r in args] + [pointer(("tensor", out))],
-                    ret_ty="int32") == 0,
-        ir.StringImm("RuntimeError"),
-        [ir.StringImm(f"{gv.name_hint} failed")]) for gv, args, out in plan.steps]
-    stmts = [tirx.AllocBuffer(arena), *calls] if arena_bytes else calls
-    body = tirx.SeqStmt(stmts) if len(stmts) > 1 else stmts[0]
+    def steps(callee):
+        calls = [tirx.AssertStmt(
+            tvm.ir.Call(callee(gv), [pointer(r) for r in args] + [pointer(("tensor", out))],
+                        ret_ty="int32") == 0,
+            ir.StringImm("RuntimeError"),
+            [ir.StringImm(f"{gv.name_hint} failed")]) for gv, args, out in plan.steps]
+        return tirx.SeqStmt(calls) if len(calls) > 1 else calls[0]
+
+    body = steps(lambda gv: gv)
+    if twins:
+        one_thread = tirx.call_packed(NUM_THREADS) == 1
+        body = tirx.IfThenElse(one_thread, steps(lambda gv: twins.get(gv, gv)), body)
+    if arena_bytes:
+        body = tirx.SeqStmt([tirx.AllocBuffer(arena), body])
     return tirx.PrimFunc([*inputs, weights, *outputs], body).with_attrs(
         {"global_symbol": FUNC_NAME, "tirx.noalias": True})
 
 
-def as_one_function(mod, target, *, required: bool = False):
+def as_one_function(mod, target, *, required: bool = False, serial_twins: bool = False):
     """``mod`` with ``main`` one call of ``tvm_armq_model`` (module docstring), or ``mod``
     unchanged where ``main`` is not a plain sequence of kernel calls (``required``: raise
     ``NotASequence``, saying why). It legalizes what operators are left (as TVM's pipeline
     would next) so that every one is a ``call_tir`` or a reshape; the VM's memory passes
-    come after it."""
-    from tvm import ir, relax
+    come after it.
+
+    ``serial_twins``, for a build that leaves the pool's size to the runtime: each kernel
+    with a parallel loop gets a twin with its loops serial (``<kernel>_one_thread``), and
+    ``tvm_armq_model`` asks the runtime once a run how many threads its pool has
+    (``runtime.NumThreads``): on one it runs the twins, whose loops run inline, where each
+    parallel loop would enter the runtime (``threads.run_serially`` says what that costs);
+    on more, the kernels as they are. The kernels' code is then in the library twice."""
+    from tvm import relax
+
+    from ..threads import has_parallel_loop, serial_func
 
     with target:
         mod = relax.transform.LegalizeOps()(mod)
@@ -375,10 +399,15 @@ def as_one_function(mod, target, *, required: bool = False):
         return mod
     arena_bytes = place(plan.tensors)
     builder = relax.BlockBuilder(mod)
-    for gv in {gv for gv, _, _ in plan.steps}:
+    twins = {}
+    for gv in sorted({gv for gv, _, _ in plan.steps}, key=lambda gv: gv.name_hint):
         builder.update_func(gv, internal(mod[gv]))
+        if serial_twins and has_parallel_loop(mod[gv]):
+            twins[gv] = builder.add_func(internal(serial_func(mod[gv])),
+                                         f"{gv.name_hint}{TWIN_SUFFIX}")
     blob, spans = weights_blob(plan.consts)
-    model_gv = builder.add_func(_model_func(plan, arena_bytes, spans, blob.size), FUNC_NAME)
+    model_gv = builder.add_func(_model_func(plan, arena_bytes, spans, blob.size, twins),
+                                FUNC_NAME)
     out = builder.get()
     main = mod["main"]
     types = [relax.TensorType(shape, dtype) for shape, dtype in plan.out_types]
