@@ -87,6 +87,20 @@ def test_main_becomes_one_call_of_the_model_function(zoo_model):
     assert re.search(rf"%arena = (tail )?call ptr %\w+\(i32 1, i32 %dev_id, i64 {arena},", ll)
 
 
+def test_each_kernel_body_is_a_function_llvm_keeps(zoo_model):
+    """Compiled for one thread (no parallel task to hold a kernel's loops), each internal
+    kernel's body is still a function of its own, ``<kernel>_compute_``, marked noinline
+    (``call_sequence.on_cpu``): inlined into ``tvm_armq_model``, TVM's per-buffer alias
+    tags let LLVM drop a kernel's write that the next kernel reads (a hybrid layer's int8
+    input; ``test_hybrid``'s device tests run that layer on one thread)."""
+    model = _two_in_two_out(zoo_model)
+    ll = llvm_source(build.compile_tflite(model, "dotprod", threads=1))
+    scopes = re.findall(r"define internal [^\n]*@(tvm_armq_\w+)_compute_\([^\n]*#(\d+)", ll)
+    assert len(scopes) >= 8, scopes
+    noinline = {m for m in re.findall(r"^attributes #(\d+) = \{[^\n]*\bnoinline\b", ll, re.M)}
+    assert all(attr in noinline for _, attr in scopes), scopes
+
+
 def test_weights_blob_holds_each_constant_at_an_aligned_offset():
     """Every constant's bytes at its offset, each offset a multiple of ALIGN (bf16 too,
     which NumPy holds as ml_dtypes' bfloat16)."""

@@ -254,22 +254,32 @@ def internal(func):
 
 
 def on_cpu():
-    """A TIR pass for after ``MakePackedAPI``: each internal kernel's body inside the
-    ``device_type`` / ``device_id`` attributes of the CPU.
+    """A TIR pass for after ``MakePackedAPI``: each internal kernel's body inside a compute
+    scope of its own, inside the ``device_type`` / ``device_id`` attributes of the CPU.
 
     ``MakePackedAPI`` puts these around the body of a function it gives a packed entry, from
-    its tensor arguments; ``LowerTVMBuiltin`` reads them to allocate a kernel's packing
-    buffers from the workspace pool of that device. An internal kernel has no entry and so
-    no such attributes; every tvm_armq kernel runs on the CPU (device 0) that runs it."""
+    its tensor arguments; ``LowerTVMBuiltin`` reads the device attributes to allocate a
+    kernel's packing buffers from the workspace pool of that device. An internal kernel has
+    no entry and so no such attributes; every tvm_armq kernel runs on the CPU (device 0)
+    that runs it.
+
+    The compute scope (``<kernel>_compute_``) is where TVM's LLVM code generator puts the
+    body: a function of its own that LLVM never inlines. That is what keeps two kernels'
+    accesses to the same arena bytes ordered. TVM tags every load and store for LLVM's
+    type-based alias analysis by the buffer it goes through, one tag per buffer, and two
+    buffers of one function are never the same memory. Two kernels' buffers are, where one
+    writes an arena tensor and the next reads it: inlined into ``tvm_armq_model``, their
+    tags told LLVM the read could not see the write, and it dropped the write (a hybrid
+    layer's int8 input, compiled for one thread). Across a call LLVM uses no such tags.
+    The parallel loops' tasks were always such functions, so only serial loops were at
+    risk."""
     import tvm
     from tvm import ir, tirx
 
-    @tvm.tirx.transform.prim_func_pass(opt_level=0, name="tvm_armq.internal_on_cpu")
-    def run(func, _mod, _ctx):
-        if not (func.attrs and INTERNAL in func.attrs):
-            return func
+    def scoped(name, func):
+        body = tirx.AttrStmt(0, "compute_scope", ir.StringImm(f"{name}_compute_"), func.body)
         body = tirx.AttrStmt(ir.StringImm("default"), "device_id", tirx.const(0, "int32"),
-                             func.body)
+                             body)
         body = tirx.AttrStmt(ir.StringImm("default"), "device_type",
                              tirx.const(_KDLCPU, "int32"), body)
         # it returns 0, or -1 where a workspace allocation inside it failed (the error
@@ -278,6 +288,13 @@ def on_cpu():
         body = tirx.SeqStmt([body, tirx.Return(tirx.const(0, "int32"))])
         return tirx.PrimFunc(func.params, body, ret_type=ir.PrimType("int32"),
                              attrs=func.attrs)
+
+    @tvm.transform.module_pass(opt_level=0, name="tvm_armq.internal_on_cpu")
+    def run(mod, _ctx):
+        for gv, func in list(mod.functions.items()):
+            if isinstance(func, tirx.PrimFunc) and func.attrs and INTERNAL in func.attrs:
+                mod[gv] = scoped(gv.name_hint, func)
+        return mod
 
     return run
 
