@@ -41,7 +41,7 @@ from tvm_armq.frontend.model import TFLiteModel  # noqa: E402
 from tvm_armq.report import Fallback  # noqa: E402
 
 # The zoo's biggest nets (most layers, or the largest input: InceptionV3's 299x299).
-BIG_NETS = ["xception", "densenet169", "inception_v3"]
+BIG_NETS = ["xception", "densenet169", "inception_v3", "resnet50"]
 SEEDS = (0, 1)  # the tests' seeds
 
 

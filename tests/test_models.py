@@ -2,9 +2,9 @@
 
 Every zoo model (the single ops and the nets: MobileNetV1 0.25 and 1.0, MobileNetV2 1.0,
 the ResNet-style and the Inception-style block, MobileNetV3-Small, EfficientNet-B1,
-DenseNet-121 and -169, Xception, InceptionV3, the DS-CNN keyword spotter, the SSD-style
-detector with its two outputs, the model of two inputs and two outputs, the U-Net with
-its TRANSPOSE_CONV and RESIZE_BILINEAR) is compiled for an ISA level with
+DenseNet-121 and -169, Xception, InceptionV3, ResNet-50, the DS-CNN keyword spotter, the
+SSD-style detector with its two outputs, the model of two inputs and two outputs, the U-Net
+with its TRANSPOSE_CONV and RESIZE_BILINEAR) is compiled for an ISA level with
 ``compile_tflite``, run on that level's emulated device and compared with TFLite's
 reference kernels: every output element must be equal, and every output of TFLite must
 really vary (``armq_checks.output_pairs``). The compile report of those very modules says
@@ -18,7 +18,7 @@ Which (model, level) pairs the fast tier runs (the rest are ``exhaustive``):
   depthwise) at every level;
 - each big net (``BIG_NETS``), each attention-era net (``ATTENTION_NETS``) and
   MobileNetV3-Small (``ONE_LEVEL_SMALL_NETS``) at one level, the levels taken in turn so
-  that each level runs such nets too; the four slowest nets (``EXHAUSTIVE_ONLY_NETS``) in
+  that each level runs such nets too; the five slowest nets (``EXHAUSTIVE_ONLY_NETS``) in
   the exhaustive tier only;
 - the single-op models whose kernels are the same ``_neon`` ones at every level
   (``LEVEL_INDEPENDENT``, checked by ``test_level_independent_models_are``) at one level,
@@ -41,20 +41,23 @@ pytestmark = pytest.mark.device
 NETS = ["mobilenet_v1_0.25", "mobilenet_v1_1.0", "mobilenet_v2_1.0", "resnet_block",
         "inception_block", "mobilenet_v3_small", "efficientnet_b1", "densenet121",
         "ds_cnn", "ssd_head", "two_in_two_out", "xception", "densenet169", "inception_v3",
+        "resnet50",
         "unet", "layer_norm", "dense_4d_shape_chain", "vit", "bert_encoder", "mobilevit",
         "convnext"]
 # The nets whose compile and run at one level take minutes: the fast tier runs each at the
 # one level given here (each level gets some), the exhaustive tier at the other two.
 BIG_NETS = {"mobilenet_v1_1.0": "neon", "mobilenet_v2_1.0": "dotprod", "densenet121": "i8mm"}
-# The four slowest nets run in the exhaustive tier only (at every level), to keep the fast
+# The five slowest nets run in the exhaustive tier only (at every level), to keep the fast
 # tier inside CI's budget: InceptionV3 (97 s at one level; its 1x7 / 7x1 / 3x3 branches,
 # average pools and concatenations are inception_block's, which the fast tier runs at every
-# level), EfficientNet-B1 (80 s in CI; its swish is the single-op swish model's and
+# level), ResNet-50 (its bottlenecks are resnet_block's 1x1 and 3x3 convolutions and
+# residual ADDs at ImageNet's sizes), EfficientNet-B1 (80 s in CI; its swish is the single-op swish model's and
 # MobileViT's, its squeeze-excite blocks MobileNetV3-Small's), DenseNet-169 (76 s;
 # DenseNet-121's layer shapes at 64 px, more of them) and Xception (64 s in CI; its
 # separable convolutions, residual ADDs and stride-2 max pools are mobilenet_v1's,
 # resnet_block's and max_pool's, which the fast tier runs).
-EXHAUSTIVE_ONLY_NETS = ("inception_v3", "efficientnet_b1", "densenet169", "xception")
+EXHAUSTIVE_ONLY_NETS = ("inception_v3", "resnet50", "efficientnet_b1", "densenet169",
+                        "xception")
 # The attention-era nets, also at one level each in the fast tier: what differs between
 # levels in them, the GEMMs of BATCH_MATMUL and FULLY_CONNECTED, the fast tier runs at every
 # level in the single-op models (batch_matmul, batch_matmul_adj, fully_connected_3d) and in

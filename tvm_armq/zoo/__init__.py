@@ -92,6 +92,8 @@ Nets (float Keras graph -> int8 TFLite; no softmax at the end, see below):
                      a stride-2 TRANSPOSE_CONV (ReLU) and a bilinear RESIZE_BILINEAR, each
                      CONCATENATEd with the encoder's map of its size, 4 logits per pixel
   inception_v3       tf.keras.applications.InceptionV3, 1x299x299x3 (its full size)
+  resnet50           tf.keras.applications.ResNet50, 1x224x224x3 (its full size): 1x1 and
+                     3x3 bottlenecks, a 7x7 stride-2 stem, residual ADDs
   layer_norm         one Keras LayerNormalization over a 1x16x32 sequence: the converter
                      writes it as thirteen ops (MEAN, a DEQUANTIZE -> NEG -> QUANTIZE
                      float island, SQUARED_DIFFERENCE, ADD of epsilon, RSQRT, MULs, ADDs)
@@ -532,6 +534,12 @@ def _build_inception_v3(rng):
     return _application("InceptionV3", (1, 299, 299, 3), rng)
 
 
+def _build_resnet50(rng):
+    """Keras ResNet50 at its full 224x224: a 7x7 stride-2 stem and a max pool, then 16
+    bottleneck blocks (1x1, 3x3, 1x1 convolutions and a residual ADD)."""
+    return _application("ResNet50", (1, 224, 224, 3), rng)
+
+
 def _build_resnet_block(rng):
     """Tiny ResNet: stem, 2 identity blocks (16 ch), 1 strided block (32 ch)."""
     keras = tensorflow().keras
@@ -847,6 +855,9 @@ _SPECS: tuple[ModelSpec, ...] = (
     ModelSpec("inception_v3", _build_inception_v3, ((1, 299, 299, 3),),
               "Keras InceptionV3, 299x299, 1000 logits: 1x7/7x1 and 1x3/3x1 branches, "
               "average and max pools, CONCATENATION", calib_samples=16),
+    ModelSpec("resnet50", _build_resnet50, ((1, 224, 224, 3),),
+              "Keras ResNet50, 224x224, 1000 logits: 7x7 stride-2 stem, 1x1 / 3x3 / 1x1 "
+              "bottlenecks, residual ADDs", calib_samples=16),
 )
 
 # The attention-era models (``zoo.transformers``): single ops, then nets.
