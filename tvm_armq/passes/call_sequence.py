@@ -27,10 +27,11 @@ call of it:
   takes that branch on a pool of one thread (``serial_twins``).
 
 The library exports ``tvm_armq_model`` (and ``main``); each kernel keeps its name
-(``tvm_armq_conv2d3``, ...) and its ``tvm_armq.kernel`` attribute, and appears in the LLVM
-IR and assembly as ``_internal_<name>``, with no packed entry and no symbol of its own, so a
-cycle profile over the library's symbols counts the kernels' blocks under
-``tvm_armq_model`` (the ``estimate`` command's per-layer table builds the calls apart).
+(``tvm_armq_conv2d3``, ...) and its ``tvm_armq.kernel`` attribute, and has no packed entry:
+it appears in the LLVM IR as ``_internal_<name>``, whose body is the local function
+``<name>_compute_`` (``on_cpu`` says why it must stay a function), so a cycle profile over
+the library's symbols names each kernel (the ``estimate`` command's per-layer table builds
+the calls apart).
 
 A ``main`` of any other form (a control flow, a call that is not a kernel's, a symbolic
 shape, an output that is an input or a weight) is returned as it is: the VM runs it call
