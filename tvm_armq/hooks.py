@@ -76,7 +76,7 @@ def install() -> None:
                 from .passes.integer import quantized_to_integer
 
                 mod = vectorized_float_math()(quantized_to_integer(target)(mod))
-                mod = call_sequence.as_one_function(mod, target, serial_twins=True)
+                mod = call_sequence.as_one_function(mod, target)
                 return call_sequence.keep_internal()(base(mod))
             return base(mod)
 
