@@ -97,7 +97,8 @@ def test_each_kernel_body_is_a_function_llvm_keeps(zoo_model):
     ll = llvm_source(build.compile_tflite(model, "dotprod", threads=1))
     scopes = re.findall(r"define internal [^\n]*@(tvm_armq_\w+)_compute_\([^\n]*#(\d+)", ll)
     assert len(scopes) >= 8, scopes
-    noinline = {m for m in re.findall(r"^attributes #(\d+) = \{[^\n]*\bnoinline\b", ll, re.MULTILINE)}
+    noinline = set(re.findall(r"^attributes #(\d+) = \{[^\n]*\bnoinline\b", ll,
+                              re.MULTILINE))
     assert all(attr in noinline for _, attr in scopes), scopes
 
 

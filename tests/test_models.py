@@ -51,11 +51,11 @@ BIG_NETS = {"mobilenet_v1_1.0": "neon", "mobilenet_v2_1.0": "dotprod", "densenet
 # tier inside CI's budget: InceptionV3 (97 s at one level; its 1x7 / 7x1 / 3x3 branches,
 # average pools and concatenations are inception_block's, which the fast tier runs at every
 # level), ResNet-50 (its bottlenecks are resnet_block's 1x1 and 3x3 convolutions and
-# residual ADDs at ImageNet's sizes), EfficientNet-B1 (80 s in CI; its swish is the single-op swish model's and
-# MobileViT's, its squeeze-excite blocks MobileNetV3-Small's), DenseNet-169 (76 s;
-# DenseNet-121's layer shapes at 64 px, more of them) and Xception (64 s in CI; its
-# separable convolutions, residual ADDs and stride-2 max pools are mobilenet_v1's,
-# resnet_block's and max_pool's, which the fast tier runs).
+# residual ADDs at ImageNet's sizes), EfficientNet-B1 (80 s in CI; its swish is the
+# single-op swish model's and MobileViT's, its squeeze-excite blocks MobileNetV3-Small's),
+# DenseNet-169 (76 s; DenseNet-121's layer shapes at 64 px, more of them) and Xception (64 s
+# in CI; its separable convolutions, residual ADDs and stride-2 max pools are
+# mobilenet_v1's, resnet_block's and max_pool's, which the fast tier runs).
 EXHAUSTIVE_ONLY_NETS = ("inception_v3", "resnet50", "efficientnet_b1", "densenet169",
                         "xception")
 # The attention-era nets, also at one level each in the fast tier: what differs between
