@@ -278,6 +278,30 @@ def _device_params():
     return params
 
 
+# Compiled for one thread, each kernel's loops are serial and nothing but a call separates
+# the quantize kernel's writes from the GEMM's reads (call_sequence.on_cpu says why that call
+# must stay): one case of each kernel family that runs a quantize kernel first, per level.
+SERIAL_CASES = ("fc_sym_channel", "conv_3x3_s2_valid_tensor")
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("level", LEVELS)
+def test_hybrid_layers_compiled_for_one_thread(level, models, compiled_models, tmp_path):
+    """``compile_tflite(..., threads=1)`` (serial loops, as ``--threads 1`` and the C library
+    build them): bit-exact with TFLite. LLVM once dropped the int8 input's stores here."""
+    from tvm_armq import build, export
+
+    for name in SERIAL_CASES:
+        case = next(c for c in CASES if c.name == name)
+        lib = export.export_aarch64(build.compile_tflite(models[name], level, threads=1),
+                                    tmp_path / f"{name}.so")
+        run = build.DeviceModel(compiled_models.session(level), lib)
+        for seed in SEEDS:
+            x = case_inputs(case, seed)
+            assert_exact(run(x), models[name].reference_outputs(x),
+                         f"{name} at {level} on one thread, seed {seed}")
+
+
 @pytest.mark.parametrize("case,level", _device_params())
 def test_hybrid_layer_on_device(case, level, models, compiled_models):
     """Compiled with the layer on a hybrid kernel of the level, bit-exact with TFLite."""
