@@ -15,6 +15,7 @@ choice is made here: ``compile_tflite`` builds the VM program as compiled code
 
 from __future__ import annotations
 
+import itertools
 import os
 import tempfile
 from pathlib import Path
@@ -301,6 +302,10 @@ def _to_numpy(value) -> list[np.ndarray]:
     return out
 
 
+# Numbers the libraries DeviceModel uploads in this process (see DeviceModel).
+_UPLOADS = itertools.count()
+
+
 class DeviceModel:
     """A model library loaded once into the Relax VM of an RPC session; call it per input."""
 
@@ -308,10 +313,12 @@ class DeviceModel:
         from tvm.runtime.vm import VirtualMachine
 
         library = Path(library)
-        # Upload once: overwriting a library the device process has loaded crashes it.
-        session.upload(str(library))
+        # Each library goes up under a name of its own: overwriting a file the device process
+        # has loaded crashes it, and two builds of one model may share a file name.
+        remote = f"{library.stem}-{os.getpid()}-{next(_UPLOADS)}{library.suffix}"
+        session.upload(str(library), target=remote)
         self.dev = session.cpu(0)
-        self.library = session.load_module(library.name)
+        self.library = session.load_module(remote)
         self.vm = VirtualMachine(self.library, self.dev)
         self.entry = entry
 
