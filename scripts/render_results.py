@@ -286,8 +286,8 @@ def table_default_path(data: Data) -> str:
                             "tflite / tvm.compile"], body) + "\n\n"
             f"armperf version {version}, one thread: `compile_tflite(..., threads=1)` (loops "
             "compiled serial) against plain `tvm.compile` after `import tvm_armq`, which "
-            "leaves the pool to the runtime and, built with serial twins (off by default), "
-            "runs them on a pool of one thread.")
+            "leaves the pool to the runtime and runs its kernels' serial twins on a pool of "
+            "one thread.")
 
 
 def table_batch_matmul(data: Data) -> str:

@@ -104,8 +104,8 @@ def test_net_on_threads_is_bit_exact(lvl, pool, tmp_path):
 
 @pytest.mark.device
 def test_a_pool_left_to_the_runtime_runs_serial_twins_on_one_thread(tmp_path):
-    """Built with ``call_sequence.as_one_function(serial_twins=True)`` (off by default: see
-    its docstring), a library whose pool is left to the runtime asks the runtime how many
+    """Built with ``call_sequence.as_one_function(serial_twins=True)`` (as every build that
+    leaves the pool to the runtime is), a library whose pool is left to the runtime asks the runtime how many
     threads its pool has, once a run: on one it runs each parallel kernel's serial twin, on
     two the parallel kernels. Both bit-exact, in one process."""
     import tvm

@@ -136,7 +136,7 @@ def compile_tflite(model, target, *, tuning_database=None, precision: str = "int
 
         return clib.build(mod, tgt, variants, model)
     if exec_mode == "compiled" and variants is None:  # (passes/call_sequence.py)
-        mod = call_sequence.as_one_function(mod, tgt)
+        mod = call_sequence.as_one_function(mod, tgt, serial_twins=threads is None)
     if threads is not None:
         mod = pool.configure_pool(mod, threads, cores)
     executable = tvm.relax.build(mod, tgt, relax_pipeline=relax_pipeline(), exec_mode=exec_mode)

@@ -43,17 +43,20 @@ def stock_pipeline():
 def install() -> None:
     """Put the QDQ-to-integer pass in front of ``tvm.compile``'s default pipeline, the
     INDIRECT form's lowering in front of TVM's TIR pipelines (``intrinsics.indirect``),
-    and extend TVM's TFLite frontend (all idempotent)."""
+    the flat views' rewrite (``passes.views``) and the kernels' CPU scopes
+    (``passes.call_sequence``) at their end, and extend TVM's TFLite frontend (all
+    idempotent)."""
     import tvm
     from tvm.relax import pipeline
 
     from .frontend import converters
     from .intrinsics import indirect
-    from .passes import call_sequence
+    from .passes import call_sequence, views
     from .targets import portable_levels
 
     converters.extend()
     indirect.install()
+    views.install()
     call_sequence.install()
     original = pipeline.PIPELINE_MAP["default"]
     if hasattr(original, _MARK):
@@ -76,7 +79,7 @@ def install() -> None:
                 from .passes.integer import quantized_to_integer
 
                 mod = vectorized_float_math()(quantized_to_integer(target)(mod))
-                mod = call_sequence.as_one_function(mod, target)
+                mod = call_sequence.as_one_function(mod, target, serial_twins=True)
                 return call_sequence.keep_internal()(base(mod))
             return base(mod)
 

@@ -22,10 +22,10 @@ call of it:
   inputs' bytes;
 - a reshape is the same bytes under another shape: the same pointer;
 - the model's outputs are written in place by the kernels that make them;
-- with ``serial_twins`` (off by default: serial code of a dotprod TRANSPOSE_CONV is
-  miscompiled, as in a ``threads=1`` build), the steps are there twice, the second time
-  through serial twins of the parallel kernels, and each run takes that branch on a pool
-  of one thread.
+- with ``serial_twins`` (what a build that leaves the pool's size to the runtime asks
+  for: plain ``tvm.compile``, ``compile_tflite`` without ``threads``), the steps are there
+  twice, the second time through serial twins of the parallel kernels, and each run takes
+  that branch on a pool of one thread.
 
 The library exports ``tvm_armq_model`` (and ``main``); each kernel keeps its name
 (``tvm_armq_conv2d3``, ...) and its ``tvm_armq.kernel`` attribute, and has no packed entry:
