@@ -55,7 +55,7 @@ def mark(sch, loop, kernel: Kernel, window: DirectWindow, n_tiles: int, target=N
     sch.annotate(block, MARK, direct_name(kernel, window, n_tiles))
 
 
-def _walk(node, kind) -> list:
+def walk(node, kind) -> list:
     """The nodes of type ``kind`` under ``node``, in pre-order."""
     import tvm_ffi
 
@@ -87,7 +87,7 @@ def _lower_block(block):
 
     name = str(block.annotations[MARK])
     kernel, window, n_tiles = registry.parse_direct_name(name)
-    (inner,) = _walk(block.body, s_tir.SBlockRealize)
+    (inner,) = walk(block.body, s_tir.SBlockRealize)
     update = inner.block.body
     # the update is C[g, bm, bn, i, j] += acc(A[0, 0, 0, a]) * acc(B[g, bn, kb, j, kk])
     # (gemm_compute.direct_gemm_te, after decompose_reduction)
@@ -99,7 +99,7 @@ def _lower_block(block):
     bound = {iv.var: value for iv, value in zip(inner.block.iter_vars, inner.iter_values)}
     a_index = _substitute(a_load.indices[-1], bound)
     row_of_tile = _substitute(update.indices[3], bound)
-    loop_vars = [loop.loop_var for loop in _walk(block.body, tirx.For)]
+    loop_vars = [loop.loop_var for loop in walk(block.body, tirx.For)]
     row_vars = [v for v in loop_vars if _uses(row_of_tile, v)]
     if len(row_vars) != 1:
         raise ValueError(f"{name}: the micro-tile's row is no single loop of the block")
@@ -134,7 +134,7 @@ def _lower_block(block):
 def _uses(expr, var) -> bool:
     from tvm import tirx
 
-    return any(v.same_as(var) for v in _walk(expr, tirx.Var))
+    return any(v.same_as(var) for v in walk(expr, tirx.Var))
 
 
 def lower_func(func):
@@ -142,7 +142,7 @@ def lower_func(func):
     import tvm_ffi
     from tvm import s_tir
 
-    if not any(MARK in b.annotations for b in _walk(func.body, s_tir.SBlock)):
+    if not any(MARK in b.annotations for b in walk(func.body, s_tir.SBlock)):
         return func
 
     def lower(block):

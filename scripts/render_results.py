@@ -261,12 +261,26 @@ def table_threads(data: Data) -> str:
     body = []
     for n in sorted({r["threads"] for r in rows}):
         for m, per in by_model([r for r in rows if r["threads"] == n]).items():
-            body.append([m, str(n)]
-                        + [ratio(field(per, lv, "tflite_over_tvm_armq")) for lv in levels])
+            body.append([m, str(n)] + [_threaded_cell(per.get(lv)) for lv in levels])
     return (markdown_table(["model", "threads", *levels], body) + "\n\n"
             f"armperf version {version}: est. cycles TFLite / tvm_armq on the critical path "
             "(the busiest thread's work), both on the same threads; above 1 is faster than "
-            "TFLite.")
+            "TFLite. In brackets, where measured: tvm_armq's busiest thread's work over the "
+            "mean thread's (1.00: even); those pairs were measured twice and each side's "
+            "lower figure kept (XNNPACK's threads take work as the emulator happens to run "
+            "them).")
+
+
+def _threaded_cell(row: dict | None) -> str:
+    """A threaded row's ratio, and where its work per thread was kept, the busiest
+    thread's over the mean."""
+    if row is None:
+        return MISSING
+    cell = ratio(row["tflite_over_tvm_armq"])
+    work = row.get("tvm_armq_work")
+    if work:
+        cell += f" ({max(work) / (sum(work) / len(work)):.2f})"
+    return cell
 
 
 def table_default_path(data: Data) -> str:

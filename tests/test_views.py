@@ -11,6 +11,7 @@ import pytest
 
 import tvm_armq  # noqa: F401  (installs the hooks)
 from armq_checks import assert_exact
+from tvm_armq.intrinsics.indirect import walk
 from tvm_armq.passes import views
 
 CASE = "transpose_conv_3x3_s1_same"  # of test_op_coverage.CASES
@@ -33,8 +34,8 @@ def _view_accesses(func) -> int:
     from tvm import ir, tirx
 
     found = views._flat_views(func.body)
-    loads = views._nodes(func.body, ir.expr.TensorLoad)
-    stores = views._nodes(func.body, tirx.BufferStore)
+    loads = walk(func.body, ir.expr.TensorLoad)
+    stores = walk(func.body, tirx.BufferStore)
     return sum(n.source in found for n in loads) + sum(n.buffer in found for n in stores)
 
 

@@ -25,20 +25,9 @@ unused. It runs at the end of TVM's TIR pipelines, once buffers are flat."""
 
 from __future__ import annotations
 
+from ..intrinsics.indirect import walk, wrap_tir_pipelines
+
 _WRAPPED = "_tvm_armq_views"  # the mark of a TIR pipeline this pass is installed in
-
-
-def _nodes(node, kind) -> list:
-    import tvm_ffi
-
-    found = []
-
-    def visit(n):
-        found.append(n)
-        return n
-
-    tvm_ffi.structural_map(node, [(kind, visit)], order="pre")
-    return found
 
 
 def _flat_views(body) -> dict:
@@ -49,14 +38,14 @@ def _flat_views(body) -> dict:
 
     address_of = ir.Op.get("tirx.address_of")
     addresses = {}
-    for bind in _nodes(body, tirx.Bind):
+    for bind in walk(body, tirx.Bind):
         value = bind.value
         if isinstance(value, ir.expr.Call) and value.op.same_as(address_of):
             (load,) = value.args
             if isinstance(load, ir.expr.TensorLoad) and len(load.indices) == 1:
                 addresses[bind.var] = load
     views = {}
-    for decl in _nodes(body, tirx.DeclBuffer):
+    for decl in walk(body, tirx.DeclBuffer):
         load = addresses.get(decl.data)
         view, viewed = decl.buffer, None if load is None else load.source
         if viewed is None or len(view.shape) != 1 or len(viewed.shape) != 1 \
@@ -130,6 +119,4 @@ def views_pass():
 
 def install() -> None:
     """Put ``views_pass`` at the end of TVM's TIR lowering pipelines (idempotent)."""
-    from ..intrinsics.indirect import wrap_tir_pipelines
-
     wrap_tir_pipelines(_WRAPPED, after=[views_pass])
