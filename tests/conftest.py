@@ -156,8 +156,11 @@ def compiled_models(devices, tmp_path_factory):
     def get(level: str, name: str, model, seeds, make_inputs=None) -> tuple[list, list]:
         if (level, name) not in cache:
             model, report = TFLiteModel.load(model), []
+            # threads=1: the serial code a default build runs on the device's one-thread pool
+            # (its kernels' serial twins), compiled once instead of beside the parallel
+            # kernels; test_threads runs those and the choice between the two
             lib = export.export_aarch64(
-                build.compile_tflite(model, level, report=report),
+                build.compile_tflite(model, level, report=report, threads=1),
                 tmp_path_factory.mktemp(f"models-{level}") / f"{name.replace('.', '_')}.so")
             run = build.DeviceModel(session(level), lib)
             inputs = map(make_inputs or model.random_inputs, seeds)
