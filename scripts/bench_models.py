@@ -15,10 +15,11 @@ threads it is measured on (``compile_tflite(threads=N)``: serial loops on one). 
 path: the busiest thread's work. A threaded pair is measured ``--repeat`` times (twice by
 default, as armperf's README asks: XNNPACK's threads take work as the host happens to run
 them, so its split varies from run to run) and each side's lowest critical path is kept,
-with every run's figure and the kept run's work per thread (``<side>_work``). With ``--plain`` a third build is measured beside them:
-the model through plain ``tvm.compile`` after ``import tvm_armq`` (``compile_plain``),
-which leaves the pool's size to the runtime; its rows carry ``tvm_compile`` and the docs'
-default-path table compares it with the ``threads=N`` build.
+with every run's figure and the kept run's work per thread (``<side>_work``). With
+``--plain`` a third build is measured beside them: the model through plain ``tvm.compile``
+after ``import tvm_armq`` (``compile_plain``), which leaves the pool's size to the runtime;
+its rows carry ``tvm_compile`` and the docs' default-path table compares it with the
+``threads=N`` build.
 
     python scripts/bench_models.py [--models mobilenet_v1_0.25 ...] [--isa dotprod ...]
                                    [--threads N] [--no-stock] [--plain] [--json out.json]

@@ -136,10 +136,10 @@ def run_funcs(devices):
 def compiled_models(devices, tmp_path_factory):
     """``compiled_models(level, name, model, seeds)`` -> (compile report, [(outputs,
     TFLite's outputs) per seed]): ``model`` (a path, bytes or ``TFLiteModel``) compiled for
-    the level the first time a test of the module asks for ``(level, name)``, run on the
-    random inputs of each seed (``make_inputs(seed)``'s, if given) in the level's one
-    session of the module (a device serves
-    one session at a time; the sessions end with the module)."""
+    the level and one thread the first time a test of the module asks for ``(level, name)``,
+    run on the random inputs of each seed (``make_inputs(seed)``'s, if given) in the level's
+    one session of the module (a device serves one session at a time; the sessions end with
+    the module)."""
     from tvm_armq import build, export
     from tvm_armq.frontend.model import TFLiteModel
 

@@ -104,19 +104,12 @@ def test_net_on_threads_is_bit_exact(lvl, pool, tmp_path):
 
 @pytest.mark.device
 def test_a_pool_left_to_the_runtime_runs_serial_twins_on_one_thread(tmp_path):
-    """Built with ``call_sequence.as_one_function(serial_twins=True)`` (as every build that
-    leaves the pool to the runtime is), a library whose pool is left to the runtime asks the runtime how many
-    threads its pool has, once a run: on one it runs each parallel kernel's serial twin, on
-    two the parallel kernels. Both bit-exact, in one process."""
-    import tvm
-
-    from tvm_armq import targets
-
+    """Compiled without ``threads`` (what ``tvm.compile`` after ``import tvm_armq`` gives),
+    the library asks the runtime how many threads its pool has, once a run: on one it runs
+    each parallel kernel's serial twin (``call_sequence.as_one_function``'s
+    ``serial_twins``), on two the parallel kernels. Both bit-exact, in one process."""
     model = TFLiteModel.load(zoo.build(NET))
-    tgt = targets.resolve("dotprod")
-    mod, _ = build.lowered(build.import_tflite(model), tgt, label=NET)
-    mod = call_sequence.as_one_function(mod, tgt, serial_twins=True)
-    exe = tvm.relax.build(mod, tgt, relax_pipeline=build.relax_pipeline(), exec_mode="compiled")
+    exe = build.compile_tflite(model, "dotprod")
     source = llvm_source(exe)
     assert source.count(f'c"{call_sequence.NUM_THREADS}\\00"') == 1  # the name, once
     assert re.search(rf"tvm_armq_conv2d\d*{call_sequence.TWIN_SUFFIX}_compute_", source), \
