@@ -28,7 +28,7 @@ reference kernels comes to in a whole model is in ``docs/exactness.md``.
 
 from __future__ import annotations
 
-from .tir_util import fence, largest_divisor
+from .tir_util import fence, largest_divisor, only_block, partition
 
 FLOAT = "float32"
 VECTOR_LANES = 4  # float32 lanes of one NEON register
@@ -488,9 +488,27 @@ def conv2d_func(data_shape, weight_shape, strides, padding, dilation, epilogue=(
     sch = s_tir.Schedule(te.create_prim_func([data, weight, *consts, out]))
     n, y, x, o, ry, rx, rc = sch.get_loops(sch.get_sblock(CONV_SUMS))
     _schedule_tiles(sch, CONV_SUMS, CONV, [n, y], x, o, [ry, rx, rc])
-    if any(padding):  # the copy: a pixel's channels at a time
-        sch.vectorize(sch.get_loops(sch.get_sblock(PADDED))[-1])
+    if any(padding):
+        _schedule_padded_copy(sch, data_shape, padding)
     return sch.mod["main"]
+
+
+def _schedule_padded_copy(sch, data_shape, padding):
+    """The padded copy (``PADDED``) cut where the image starts and ends, along rows and
+    along each row's pixels: inside the image a pixel's channels are copied as one vector
+    with no bounds test (the cut lets the simplifier drop it), around it zeros are
+    filled. (Uncut, each pixel's copy built a mask from its bounds test: 8.5e3 of the
+    1.35e5 cycles of resnet_block_dynamic's RGB stem at neon, 1.8e3 cut.)"""
+    _, h, w, _ = (int(d) for d in data_shape)
+    top, left, bottom, right = padding
+    y = sch.get_loops(sch.get_sblock(PADDED))[1]
+    for rows in partition(sch, y, [top, h, bottom]):
+        if rows is None:
+            continue
+        x = sch.get_loops(only_block(sch, rows))[-2]
+        for pixels in partition(sch, x, [left, w, right]):
+            if pixels is not None:
+                sch.vectorize(sch.get_loops(only_block(sch, pixels))[-1])
 
 
 # ------------------------------------------------------- fused elementwise trees

@@ -79,7 +79,7 @@ def _round(value):
     return tirx.call_llvm_pure_intrin(str(value.ty), "llvm.round", value)
 
 
-def params_te(data, scheme: HybridScheme):
+def params_te(data, scheme: HybridScheme, nonnegative: bool = False):
     """``q_params`` float32 [B, PARAMS] of float32 ``data`` [B, L] (each group's elements in
     a row), one row per quantization group: the group's scale, the inverse the quantization
     multiplies by and the zero point (an integer in [-128, 127], exact in float32).
@@ -91,46 +91,58 @@ def params_te(data, scheme: HybridScheme):
     minima, ``_v1`` the maxima, ``q_extrema_fold4_v*``), then across those
     (``q_extrema``). FMINNM / FMAXNM (LLVM's minnum / maxnum) differ from a
     compare-and-select only in which zero of -0 and +0 they keep, which no parameter below
-    can see (the scheme's range takes 0 in, or the absolute value)."""
+    can see (the scheme's range takes 0 in, or the absolute value).
+
+    ``nonnegative``: every element is known to be >= 0 (the input is a ReLU's output), so
+    the minimum is not reduced (the stages are the maxima's alone, without the ``_v*``
+    suffixes): both schemes' parameters read the minimum only through min(0, min) or
+    max(|min|, |max|), which are then 0 and the max."""
     from tvm import te, tirx
 
     B, L = (int(d) for d in data.shape)
     steps = ceil_div(L, REDUCE_LANES)
     big = tirx.max_value(FLOAT)
-    extrema = te.comm_reducer(lambda x, y: (_minnum(x[0], y[0]), _maxnum(x[1], y[1])),
-                              lambda t0, t1: (tirx.max_value(t0), tirx.min_value(t1)),
-                              name="extrema")
+    # (combine, identity, the value a lane past the end takes) per reduced extreme
+    kinds = ((_maxnum, tirx.min_value, -big),) if nonnegative else (
+        (_minnum, tirx.max_value, big), (_maxnum, tirx.min_value, -big))
+    extrema = te.comm_reducer(
+        lambda x, y: tuple(f(a, b) for (f, _, _), a, b in zip(kinds, x, y)),
+        lambda *t: tuple(ident(v) for (_, ident, _), v in zip(kinds, t)), name="extrema")
     o = te.reduce_axis((0, steps), "q_o")
 
     def lane(b, j):
         i = o * REDUCE_LANES + j
         if L % REDUCE_LANES == 0:
-            value = (data[b, i], data[b, i])
+            value = tuple(data[b, i] for _ in kinds)
         else:
             inside = data[b, tirx.min(i, L - 1)]
-            value = (tirx.Select(i < L, inside, big), tirx.Select(i < L, inside, -big))
+            value = tuple(tirx.Select(i < L, inside, past) for _, _, past in kinds)
         return extrema(value, axis=o)
 
-    mn, mx = te.compute((B, REDUCE_LANES), lane, name="q_extrema_part")
+    def listed(out):  # te.compute returns a tensor per value, one tensor bare
+        return list(out) if isinstance(out, (list, tuple)) else [out]
+
+    parts = listed(te.compute((B, REDUCE_LANES), lane, name="q_extrema_part"))
 
     # across the lanes: halves folded onto each other (a vector instruction each) down to
     # FOLDED_LANES, then those one by one (min and max: the same in any order)
-    def folded(p, q, w):
-        return te.compute((B, w), lambda b, i: (_minnum(p[b, i], p[b, i + w]),
-                                                _maxnum(q[b, i], q[b, i + w])),
-                          name=f"q_extrema_fold{w}")
+    def folded(ps, w):
+        return listed(te.compute((B, w), lambda b, i: tuple(
+            f(p[b, i], p[b, i + w]) for (f, _, _), p in zip(kinds, ps)),
+            name=f"q_extrema_fold{w}"))
 
     for width in _fold_widths():
-        mn, mx = folded(mn, mx, width)
+        parts = folded(parts, width)
     j = te.reduce_axis((0, FOLDED_LANES), "q_j")
-    mn, mx = te.compute((B,), lambda b: extrema((mn[b, j], mx[b, j]), axis=j),
-                        name="q_extrema")
+    parts = listed(te.compute((B,), lambda b: extrema(tuple(p[b, j] for p in parts), axis=j),
+                              name="q_extrema"))
+    mn, mx = (None, parts[0]) if nonnegative else parts
     f32, f64 = (lambda v: tirx.const(v, FLOAT)), (lambda v: tirx.const(v, "float64"))
     if not scheme.asymmetric:
         top = f32(HYBRID_SYMMETRIC_MAX)
 
         def param(b, i):
-            r = tirx.max(tirx.abs(mn[b]), tirx.abs(mx[b]))
+            r = mx[b] if nonnegative else tirx.max(tirx.abs(mn[b]), tirx.abs(mx[b]))
             values = (r / top, top / r, f32(0))
             flat = (f32(1), f32(0), f32(0))  # an all-zero group: scale 1, every q 0
             return tirx.Select(r == f32(0), _pick(i, flat), _pick(i, values))
@@ -139,7 +151,8 @@ def params_te(data, scheme: HybridScheme):
     lo, hi = HYBRID_ASYMMETRIC_RANGE
 
     def param(b, i):
-        rmin, rmax = tirx.min(f32(0), mn[b]), tirx.max(f32(0), mx[b])
+        rmin = f32(0) if nonnegative else tirx.min(f32(0), mn[b])
+        rmax = tirx.max(f32(0), mx[b])
         s = (rmax - rmin).astype("float64") / f64(hi - lo)  # the difference in float32
         dmin, dmax = rmin.astype("float64"), rmax.astype("float64")
         from_min, from_max = f64(lo) - dmin / s, f64(hi) - dmax / s
@@ -214,23 +227,26 @@ def _fold_widths():
     return widths
 
 
-def params_func(groups: int, length: int, scheme: HybridScheme, *, schedule=True):
+def params_func(groups: int, length: int, scheme: HybridScheme, *,
+                nonnegative: bool = False, schedule=True):
     """The quantization parameters of ``groups`` float32 groups of ``length`` elements
-    each as a PrimFunc (data [groups, length], q_params): the min and the max a NEON vector
-    of partial results at a time (one pass over the input), then a few scalars per
-    group."""
+    each as a PrimFunc (data [groups, length], q_params): the min and the max (the max
+    alone for a ``nonnegative`` input, ``params_te``) a NEON vector of partial results at
+    a time (one pass over the input), then a few scalars per group."""
     from tvm import s_tir, te
 
     data = te.placeholder((groups, length), FLOAT, "data")
-    func = te.create_prim_func([data, params_te(data, scheme)])
+    func = te.create_prim_func([data, params_te(data, scheme, nonnegative)])
     if not schedule:
         return func
     sch = s_tir.Schedule(func)
     # each group's partial results computed and folded inside the group's loop: one
     # group's worth of them at a time, in registers (all groups' would be a buffer)
     group = sch.get_loops(sch.get_sblock("q_extrema"))[0]
-    stages = ["q_extrema_part"] + [f"q_extrema_fold{w}_v{i}" for w in _fold_widths()
-                                   for i in range(2)]  # a fold's min (v0) and max (v1)
+    # a fold's min (v0) and max (v1); the max's alone is one stage, without a suffix
+    suffixes = ("",) if nonnegative else ("_v0", "_v1")
+    stages = ["q_extrema_part"] + [f"q_extrema_fold{w}{v}" for w in _fold_widths()
+                                   for v in suffixes]
     for stage in reversed(stages):
         sch.compute_at(sch.get_sblock(stage), group)
     lane, *step = sch.get_loops(sch.get_sblock(stages[0]))[1:]  # (a step: no loop)
@@ -371,10 +387,11 @@ def hybrid_gemm_func(plan: GemmPlan, scheme: HybridScheme, *, act_range=None,
 
 def schedule_hybrid_gemm(func, plan: GemmPlan, target=None):
     """Schedule ``hybrid_gemm_func(plan, ...)`` as ``schedule_conv2d_gemm`` does: macro
-    tiles, the epilogue where a tile is computed, the micro-kernel tensorized."""
+    tiles, the epilogue where a tile is computed, the micro-kernel tensorized; the
+    bordered copy's border is the zero point, a run-time value."""
     from .gemm_schedule import schedule_conv2d_gemm
 
-    return schedule_conv2d_gemm(func, plan, target)
+    return schedule_conv2d_gemm(func, plan, target, border_at_run_time=True)
 
 
 def constants(plan: GemmPlan, weight_hwio: np.ndarray, w_scale, bias, scheme: HybridScheme):

@@ -55,6 +55,8 @@ class Case:
     same: bool = True
     w_batch: tuple = ()      # BATCH_MATMUL: the constant's batch axes
     adjoint: bool = False    # BATCH_MATMUL: adj_x and adj_y (both operands stored swapped)
+    act_in: str = "none"     # a float RELU / RELU6 op before the layer: its input is then
+                             # known >= 0, and its quantization reduces the max alone
 
 
 CASES = (
@@ -68,6 +70,9 @@ CASES = (
     Case("conv_3x3_s2_valid_tensor", "conv", (1, 10, 10, 8), 12, False, stride=2,
          same=False),
     Case("conv_1x1_channel", "conv", (1, 6, 6, 16), 24, True, kernel=1),
+    Case("conv_3x3_same_channel_relu_in", "conv", (1, 9, 9, 8), 16, True, act_in="relu"),
+    Case("fc_sym_tensor_relu6_in", "fc", (3, 40), 16, False, asymmetric=False,
+         act_in="relu6"),
     Case("dw_3x3_same_relu6", "dw", (1, 9, 9, 24), 24, True, act="relu6"),
     Case("dw_3x3_s2_valid_m2", "dw", (1, 10, 10, 12), 24, True, stride=2, same=False),
     Case("dw_5x5_same", "dw", (1, 8, 8, 16), 16, True, kernel=5),
@@ -146,8 +151,14 @@ def model_bytes(case: Case) -> bytes:
     if bias is not None:
         tensors.append(dict(shape=(case.out_c,), dtype="float32", data=bias))
         inputs[2] = 3
-    return graph_model(tensors, [Operator(code, tuple(inputs), (2,), opts, version=3)],
-                       [0], [2])
+    ops = [Operator(code, tuple(inputs), (2,), opts, version=3)]
+    if case.act_in != "none":  # model input -> RELU / RELU6 -> the layer
+        tensors.append(dict(shape=in_shape, dtype="float32"))
+        inputs[0] = len(tensors) - 1
+        act_op = {"relu": tflite.BuiltinOperator.RELU, "relu6": tflite.BuiltinOperator.RELU6}
+        ops = [Operator(act_op[case.act_in], (0,), (inputs[0],), None),
+               Operator(code, tuple(inputs), (2,), opts, version=3)]
+    return graph_model(tensors, ops, [0], [2])
 
 
 def case_inputs(case: Case, seed: int) -> list[np.ndarray]:
@@ -172,6 +183,8 @@ def reference_outputs(case: Case, x: np.ndarray) -> np.ndarray:
     int32 (a padded pixel holds zp), scale in TFLite's order."""
     w, scales, bias = _weights(case, np.random.default_rng(len(case.name)))
     act = ACT[case.act][1]
+    if case.act_in != "none":
+        x = np.clip(x, 0, ACT[case.act_in][1][1])
     zero_bias = np.zeros(case.out_c, np.float32)
     if case.op == "bmm":  # each row of x on its own; the product per broadcast batch index
         if case.adjoint:
@@ -249,6 +262,25 @@ def test_reference_is_tflites(case, models):
         expected = model.reference_outputs(x)
         got = reference_outputs(case, x[0]).reshape(expected[0].shape)
         assert_exact([got], expected, f"{case.name} seed {seed}: reference")
+
+
+@pytest.mark.parametrize("name,nonnegative", [("conv_3x3_same_channel_relu_in", True),
+                                              ("fc_sym_tensor_relu6_in", True),
+                                              ("conv_3x3_same_channel_relu6", False),
+                                              ("fc_sym_channel", False)])
+def test_a_relu_output_is_quantized_from_its_max(name, nonnegative, models):
+    """An input that is a RELU's or RELU6's output (>= 0) is quantized with its max alone
+    (the ``hybrid_params_max`` kernel: its min is 0 for either scheme's parameters); any
+    other input, the output of a layer with a fused activation included, with its min and
+    max. The device tests run both kinds bit-exact."""
+    from tvm_armq import build, targets
+    from tvm_armq.frontend import importer
+
+    mod = build.lower(importer.import_tflite(models[name]), targets.resolve("neon"))
+    params = sorted(gv.name_hint for gv, _ in mod.functions_items()
+                    if gv.name_hint.startswith("tvm_armq_hybrid_params"))
+    assert params == ["tvm_armq_hybrid_params_max" if nonnegative else
+                      "tvm_armq_hybrid_params"], params
 
 
 def test_batch_matmul_tflite_does_not_multiply_is_refused(tmp_path):

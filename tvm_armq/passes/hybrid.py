@@ -247,14 +247,26 @@ def _quantized_input(graph: Graph, x, groups: tuple, scheme, opts: Options):
 
     key = ("hybrid", x, groups, scheme.inputs)
     if key not in graph.shared:
-        params = KernelCall(hybrid.params_func(*groups, scheme, schedule=opts.schedule),
-                            "hybrid_params", [(x, groups)], [], (groups[0], hybrid.PARAMS),
-                            None, hybrid.FLOAT)
+        nonnegative = _nonnegative(graph, x)
+        params = KernelCall(hybrid.params_func(*groups, scheme, nonnegative=nonnegative,
+                                               schedule=opts.schedule),
+                            "hybrid_params_max" if nonnegative else "hybrid_params",
+                            [(x, groups)], [], (groups[0], hybrid.PARAMS), None, hybrid.FLOAT)
         data_q = KernelCall(hybrid.quantize_func(*groups, scheme, schedule=opts.schedule),
                             "hybrid_quantize", [(x, groups), (params, None)], [], groups,
                             None, "int8")
         graph.shared[key] = params, data_q
     return graph.shared[key]
+
+
+def _nonnegative(graph: Graph, x) -> bool:
+    """Whether every element of ``x`` is known to be >= 0: the output of a ReLU, or of a
+    clip from 0 or above (RELU6; RELU_N1_TO_1 not). Its quantization then reduces the
+    maximum alone (``hybrid.params_te``): every hybrid layer of resnet_block_dynamic reads
+    a ReLU's output, and its parameters' pass went from 5.7e4 to 3.5e4 cycles at neon."""
+    act = graph.call(x, *_ACTIVATIONS)
+    lo = _act_range(act)[0] if act is not None else None
+    return lo is not None and lo >= 0
 
 
 def _lower(graph: Graph, root, found, opts: Options) -> KernelCall:
