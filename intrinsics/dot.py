@@ -157,7 +157,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
             """The K steps of run r (a Python int or a loop variable)."""
             start, first_step = r * window.segment_stride, r * steps
             if full:
-                with T.serial(full) as c:
+                with forms.run_loop(window, full) as c:
                     a_groups = [T.bind(tirx.reinterpret(
                         f"int32x{_LANES}",
                         load(i, start + c * chunk * kr, kernel.a_dtype + vector)))

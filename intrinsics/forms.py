@@ -368,6 +368,27 @@ def registers(tiles: int, elems: int, dtype: str) -> list:
     return [T.alloc_buffer((elems,), dtype, scope="global") for _ in range(tiles)]
 
 
+# A kernel row of at most this many elements of K is unrolled in a direct-read impl with
+# several kernel rows (``run_loop``): a 3x3 conv's row of up to 32 int8 channels.
+UNROLLED_RUN = 96
+
+
+def run_loop(window: DirectWindow, steps: int):
+    """In an impl being built: the loop over the ``steps`` of one run of ``window``'s rows
+    (its 16-byte blocks or loads), unrolled when the window has several runs (a kh x kw
+    conv's kernel rows, themselves a loop) of at most UNROLLED_RUN elements each. A short
+    loop inside the loop over kernel rows left that outer loop's step a block of code of
+    its own, between the inner loop's last block and the next row's first (armperf prices
+    each block apart: 2.5e4 of resnet_block_dynamic's 2.23e6 cycles at neon); unrolled, a
+    kernel row is one straight block. A single run (a pointwise conv) keeps its loop:
+    unrolled, its B loads have constant addresses, LLVM hoists them out of the loop over
+    tiles and spills them (mobilenet_v2_1.0 at dotprod: +2.5%)."""
+    from tvm.script import tirx as T
+
+    unrolled = window.segments > 1 and window.segment <= UNROLLED_RUN
+    return (T.unroll if unrolled else T.serial)(steps)
+
+
 def for_each_run(window: DirectWindow, run) -> None:
     """In an impl being built: ``run(r)`` for every run r of ``window``'s rows, r a
     constant for a single run, else the variable of a serial loop over the runs."""

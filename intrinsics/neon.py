@@ -53,11 +53,6 @@ KERNELS = tuple(k for k in kernels.TABLE if k.module == "neon")
 
 _HALF = 8  # int8 lanes a widening multiply takes from each 128-bit row (one half)
 _LANES = 4  # int32 lanes of the accumulator
-# A run of the direct-read form of at most this many K blocks (a 3x3 conv's kernel row of
-# up to 32 channels) is unrolled: one run is then one straight block of code instead of a
-# short loop inside the loop over kernel rows, whose few iterations each paid a loop's
-# entry and exit (resnet_block_dynamic at neon: 2.5e4 of 2.23e6 cycles)
-UNROLLED_BLOCKS = 6
 # Rows of A a block has: four, or one (the one-row kernels, which select gives to GEMMs of
 # one row; every sequence below is per row of A, so it is the same code with mr = 1)
 ROWS = (1, _LANES)
@@ -237,7 +232,7 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
             # impl_k_loop (one smull + one sadalp each); B one tile at a time, so that one
             # tile's rows are live at once (all n_tiles' spill beside the accumulators)
             block = f"{kernel.a_dtype}x{kr}"
-            with (T.unroll if blocks <= UNROLLED_BLOCKS else T.serial)(blocks) as kb:
+            with forms.run_loop(window, blocks) as kb:
                 offset = r * window.segment_stride + kb * kr
                 a_rows = [T.bind(load(i, offset, block)) for i in range(mr)]
                 for t in range(n_tiles):
