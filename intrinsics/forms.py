@@ -373,19 +373,23 @@ def registers(tiles: int, elems: int, dtype: str) -> list:
 UNROLLED_RUN = 96
 
 
-def run_loop(window: DirectWindow, steps: int):
+def run_loop(window: DirectWindow, steps: int, single_run: bool = False):
     """In an impl being built: the loop over the ``steps`` of one run of ``window``'s rows
-    (its 16-byte blocks or loads), unrolled when the window has several runs (a kh x kw
-    conv's kernel rows, themselves a loop) of at most UNROLLED_RUN elements each. A short
-    loop inside the loop over kernel rows left that outer loop's step a block of code of
-    its own, between the inner loop's last block and the next row's first (armperf prices
-    each block apart: 2.5e4 of resnet_block_dynamic's 2.23e6 cycles at neon); unrolled, a
-    kernel row is one straight block. A single run (a pointwise conv) keeps its loop:
-    unrolled, its B loads have constant addresses, LLVM hoists them out of the loop over
-    tiles and spills them (mobilenet_v2_1.0 at dotprod: +2.5%)."""
+    (its 16-byte blocks or loads), unrolled when a run is at most UNROLLED_RUN elements and
+    the window has several runs (a kh x kw conv's kernel rows, themselves a loop) or
+    ``single_run`` says to unroll a single one too.
+
+    A short loop inside the loop over kernel rows left that outer loop's step a block of
+    code of its own, between the inner loop's last block and the next row's first
+    (armperf prices each block apart: 2.5e4 of resnet_block_dynamic's 2.23e6 cycles at
+    neon); unrolled, a kernel row is one straight block. A single run (a pointwise layer)
+    unrolled has B loads at constant addresses, which LLVM may hoist out of the loop over
+    tiles: measured per kernel, the smull kernel gains (bert_encoder_dynamic at neon
+    7.09e5 -> 6.94e5, mobilenet_v2_1.0 -0.4%), the sdot kernel's hoisted loads spill
+    (mobilenet_v2_1.0 at dotprod +2.5%)."""
     from tvm.script import tirx as T
 
-    unrolled = window.segments > 1 and window.segment <= UNROLLED_RUN
+    unrolled = (window.segments > 1 or single_run) and window.segment <= UNROLLED_RUN
     return (T.unroll if unrolled else T.serial)(steps)
 
 

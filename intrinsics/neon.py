@@ -232,7 +232,8 @@ def impl_direct(kernel: Kernel, window: forms.DirectWindow, n_tiles: int, rows=N
             # impl_k_loop (one smull + one sadalp each); B one tile at a time, so that one
             # tile's rows are live at once (all n_tiles' spill beside the accumulators)
             block = f"{kernel.a_dtype}x{kr}"
-            with forms.run_loop(window, blocks) as kb:
+            # a pointwise layer's one run unrolled too (forms.run_loop: measured)
+            with forms.run_loop(window, blocks, single_run=True) as kb:
                 offset = r * window.segment_stride + kb * kr
                 a_rows = [T.bind(load(i, offset, block)) for i in range(mr)]
                 for t in range(n_tiles):
