@@ -28,7 +28,7 @@ reference kernels comes to in a whole model is in ``docs/exactness.md``.
 
 from __future__ import annotations
 
-from .tir_util import fence, largest_divisor, only_block, partition
+from .tir_util import cut_at_the_image, fence, largest_divisor
 
 FLOAT = "float32"
 VECTOR_LANES = 4  # float32 lanes of one NEON register
@@ -494,21 +494,14 @@ def conv2d_func(data_shape, weight_shape, strides, padding, dilation, epilogue=(
 
 
 def _schedule_padded_copy(sch, data_shape, padding):
-    """The padded copy (``PADDED``) cut where the image starts and ends, along rows and
-    along each row's pixels: inside the image a pixel's channels are copied as one vector
-    with no bounds test (the cut lets the simplifier drop it), around it zeros are
-    filled. (Uncut, each pixel's copy built a mask from its bounds test: 8.5e3 of the
-    1.35e5 cycles of resnet_block_dynamic's RGB stem at neon, 1.8e3 cut.)"""
+    """The padded copy (``PADDED``) cut where the image starts and ends
+    (``tir_util.cut_at_the_image``), each part's pixel's channels one vector. (Uncut,
+    each pixel's copy built a mask from its bounds test: 8.5e3 of the 1.35e5 cycles of
+    resnet_block_dynamic's RGB stem at neon, 1.8e3 cut.)"""
     _, h, w, _ = (int(d) for d in data_shape)
-    top, left, bottom, right = padding
-    y = sch.get_loops(sch.get_sblock(PADDED))[1]
-    for rows in partition(sch, y, [top, h, bottom]):
-        if rows is None:
-            continue
-        x = sch.get_loops(only_block(sch, rows))[-2]
-        for pixels in partition(sch, x, [left, w, right]):
-            if pixels is not None:
-                sch.vectorize(sch.get_loops(only_block(sch, pixels))[-1])
+    for _, channel_loops in cut_at_the_image(sch, sch.get_sblock(PADDED), padding, h, w):
+        for channels in channel_loops:
+            sch.vectorize(channels)
 
 
 # ------------------------------------------------------- fused elementwise trees

@@ -14,8 +14,8 @@ from tvm_armq.intrinsics import kernels
 
 from .gemm_layout import BORDERED, COPY_LANES, ROWS, RowsCopy
 from .gemm_plan import GemmKnobs, GemmPart, GemmPlan, direct_n_tiles
-from .tir_util import (largest_divisor, loops_below, merge_outputs, only_block, partition,
-                       vectorize_in_registers)
+from .tir_util import (cut_at_the_image, largest_divisor, loops_below, merge_outputs,
+                       only_block, partition, vectorize_in_registers)
 
 
 def schedule_conv2d_gemm(func, plan: GemmPlan, target=None, *,
@@ -240,25 +240,18 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None,
 
 
 def _cut_bordered_copy(sch, block, shape, parallel: bool) -> None:
-    """The bordered input copy cut where the image starts and ends, along rows and along
-    each row's pixels: inside the image a pixel's channels are copied in vectors of
-    COPY_LANES with no bounds test (the cut lets the simplifier drop it), around it the
-    border is filled. Rows in parallel.
+    """The bordered input copy cut where the image starts and ends
+    (``tir_util.cut_at_the_image``), each part's pixel's channels in vectors of
+    COPY_LANES, rows in parallel.
 
     For a border known only at run time: LLVM then left a branch per pixel in the copy's
     loop (3.5 cycles per 16-channel pixel at neon, 7e3 cycles of each of
     resnet_block_dynamic's 16-channel 3x3 layers); with a constant border it cuts the
     loop itself, as well as this."""
-    top, left, bottom, right = shape.padding
-    _, y, _, _ = sch.get_loops(block)
-    for rows in partition(sch, y, [top, shape.in_h, bottom]):
-        if rows is None:
-            continue
-        x = sch.get_loops(only_block(sch, rows))[-2]
-        for pixels in partition(sch, x, [left, shape.in_w, right]):
-            if pixels is not None:
-                vectorize_in_registers(sch, sch.get_loops(only_block(sch, pixels))[-1],
-                                       COPY_LANES)
+    for rows, channel_loops in cut_at_the_image(sch, block, shape.padding, shape.in_h,
+                                                shape.in_w):
+        for channels in channel_loops:
+            vectorize_in_registers(sch, channels, COPY_LANES)
         if parallel:
             sch.parallel(rows)
 

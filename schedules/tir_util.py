@@ -99,6 +99,25 @@ def partition(sch, loop, parts) -> list:
     return [next(it) if p else None for p in parts]
 
 
+def cut_at_the_image(sch, block, padding, height: int, width: int) -> list:
+    """A padded copy's ``block`` (loops: batch, row, pixel, channel) cut where the image
+    starts and ends, along rows and along each row's pixels (``padding``: top, left,
+    bottom, right, around an image of ``height`` x ``width``): inside the image the copy
+    needs no bounds test (the cut lets the simplifier drop it), around it the border is a
+    plain fill. Returns, per part of the rows, (its row loop, the channel loop of each of
+    its parts of the pixels), for the caller to vectorize and parallelize."""
+    top, left, bottom, right = padding
+    parts = []
+    for rows in partition(sch, sch.get_loops(block)[1], [top, height, bottom]):
+        if rows is None:
+            continue
+        pixels = sch.get_loops(only_block(sch, rows))[-2]
+        parts.append((rows, [sch.get_loops(only_block(sch, part))[-1]
+                             for part in partition(sch, pixels, [left, width, right])
+                             if part is not None]))
+    return parts
+
+
 def only_block(sch, loop):
     (block,) = sch.get_child_blocks(loop)
     return block
