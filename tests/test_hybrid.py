@@ -151,13 +151,13 @@ def model_bytes(case: Case) -> bytes:
     if bias is not None:
         tensors.append(dict(shape=(case.out_c,), dtype="float32", data=bias))
         inputs[2] = 3
-    ops = [Operator(code, tuple(inputs), (2,), opts, version=3)]
+    ops = []
     if case.act_in != "none":  # model input -> RELU / RELU6 -> the layer
         tensors.append(dict(shape=in_shape, dtype="float32"))
         inputs[0] = len(tensors) - 1
         act_op = {"relu": tflite.BuiltinOperator.RELU, "relu6": tflite.BuiltinOperator.RELU6}
-        ops = [Operator(act_op[case.act_in], (0,), (inputs[0],), None),
-               Operator(code, tuple(inputs), (2,), opts, version=3)]
+        ops.append(Operator(act_op[case.act_in], (0,), (inputs[0],), None))
+    ops.append(Operator(code, tuple(inputs), (2,), opts, version=3))
     return graph_model(tensors, ops, [0], [2])
 
 
@@ -271,8 +271,9 @@ def test_reference_is_tflites(case, models):
 def test_a_relu_output_is_quantized_from_its_max(name, nonnegative, models):
     """An input that is a RELU's or RELU6's output (>= 0) is quantized with its max alone
     (the ``hybrid_params_max`` kernel: its min is 0 for either scheme's parameters); any
-    other input, the output of a layer with a fused activation included, with its min and
-    max. The device tests run both kinds bit-exact."""
+    other input (here the model's own, before a layer that has a fused RELU6 of its
+    output and before one without) with its min and max. The device tests run both kinds
+    bit-exact."""
     from tvm_armq import build, targets
     from tvm_armq.frontend import importer
 
