@@ -223,7 +223,8 @@ def spatial_mean_te(data, keepdims: bool):
 
 def spatial_mean_func(shape, keepdims: bool):
     """The PrimFunc (data, output) of ``spatial_mean_te``: the channels INTERLEAVED NEON
-    registers at a time inside the loops over the pixels."""
+    registers at a time inside the loops over the pixels, the blocks of channels in
+    parallel."""
     from tvm import s_tir, te
 
     data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
@@ -234,6 +235,7 @@ def spatial_mean_func(shape, keepdims: bool):
     outer, inner = sch.split(ch, [None, lanes])
     sch.reorder(b, outer, ry, rx, inner)
     sch.vectorize(inner)
+    _parallel(sch, sch.fuse(b, outer))  # a task per image and block of channels
     sch.decompose_reduction(block, ry)
     return sch.mod["main"]
 
@@ -282,7 +284,8 @@ def func(op: str, shape, axis: int | None = None):
     """The PrimFunc (data, output) of ``op`` (a name of ELEMENTWISE, SOFTMAX over ``axis``
     or MEAN over the last axis) on float32 ``shape``, scheduled: every elementwise stage a
     NEON register of results at a time along the last axis, the reductions over the last
-    axis a vector of partial results at a time."""
+    axis a vector of partial results at a time, each stage over every element in parallel
+    over the rows."""
     from tvm import s_tir, te
 
     data = te.placeholder(tuple(int(d) for d in shape), FLOAT, "data")
@@ -294,14 +297,21 @@ def func(op: str, shape, axis: int | None = None):
         out = ELEMENTWISE[op](data)
         stages = (out.op.name,)
     sch = s_tir.Schedule(te.create_prim_func([data, out]))
+    parts = ()
     if op in (SOFTMAX, MEAN) and axis % len(shape) == len(shape) - 1:
         parts = SOFTMAX_PARTS if op == SOFTMAX else SOFTMAX_PARTS[1:]
         for stage in parts:  # the steps outside, the lanes one vector inside
             *_, lane, step = sch.get_loops(sch.get_sblock(stage))
             sch.reorder(step, lane)
             sch.vectorize(lane)
-    for stage in stages:
-        _vectorize_interleaved(sch, sch.get_loops(sch.get_sblock(stage))[-1])
+    steps = {stage: _vectorize_interleaved(sch, sch.get_loops(sch.get_sblock(stage))[-1])
+             for stage in stages}
+    # the stages that read or write every element, each one's rows in parallel (a launch
+    # per stage: inside one loop over the rows, each row's short steps cost more, +12% on
+    # bert_encoder_dynamic's softmax at one thread); an elementwise stage of one row, its
+    # vector steps. The per-row folds and divisions are not worth a launch each.
+    for stage in (*stages, *parts):
+        _parallel_rows(sch, sch.get_sblock(stage), len(shape) - 1, steps.get(stage))
     return sch.mod["main"]
 
 
@@ -319,16 +329,40 @@ def _interleaved() -> int:
 def _vectorize_interleaved(sch, loop):
     """``loop`` a NEON register at a time, ``_interleaved()`` registers per step (unrolled:
     a vector of 16 lanes would do as well, but LLVM cannot split the NEON intrinsics of
-    ``_reciprocal`` over four registers)."""
+    ``_reciprocal`` over four registers). Returns the loop over the steps."""
     extent = sch.get(loop).extent.value
     lanes = largest_divisor(extent, VECTOR_LANES)
     if lanes == 1:
-        return
+        return loop
     outer, inner = sch.split(loop, [None, lanes])
     sch.vectorize(inner)
     steps = largest_divisor(extent // lanes, _interleaved())
     if steps > 1:
-        sch.unroll(sch.split(outer, [None, steps])[1])
+        outer, unrolled = sch.split(outer, [None, steps])
+        sch.unroll(unrolled)
+    return outer
+
+
+def _parallel(sch, loop) -> None:
+    """``loop`` in parallel, a contiguous run of its iterations per thread, where it has
+    more than one. (A one-thread build makes it serial again: ``threads.serial_func``.)"""
+    if sch.get(loop).extent.value > 1:
+        sch.parallel(loop)
+
+
+def _parallel_rows(sch, block, rank: int, steps=None) -> None:
+    """The loops of ``block`` over its first ``rank`` axes (its rows: all but the last
+    axis) fused and in parallel; where they make one row, ``steps`` (the loop over the
+    last axis's vector steps) if given. The loops keep their order and their splits, so a
+    one-thread build (made serial again) runs what it ran before."""
+    rows = sch.get_loops(block)[:rank]
+    if rows:
+        fused = sch.fuse(*rows) if len(rows) > 1 else rows[0]
+        if sch.get(fused).extent.value > 1:
+            sch.parallel(fused)
+            return
+    if steps is not None:
+        _parallel(sch, steps)
 
 
 # ------------------------------------------------- epilogues of the tiled kernels
@@ -417,7 +451,7 @@ def _schedule_tiles(sch, sums: str, copy: str, outer, rows, columns, reduction):
     """The tiled kernels' schedule: the ``sums`` block's ``rows`` and ``columns`` loops
     split into MATMUL_ROWS x MATMUL_COLUMNS tiles (fewer where they do not divide), all of
     ``reduction`` inside a tile, the tile's rows unrolled and its columns one vector, and
-    the ``copy`` out (the epilogue) after each tile's sums."""
+    the ``copy`` out (the epilogue) after each tile's sums; the tiles in parallel."""
     block = sch.get_sblock(sums)
     ro, ri = sch.split(rows, [None, largest_divisor(sch.get(rows).extent.value, MATMUL_ROWS)])
     co, ci = sch.split(columns, [None, largest_divisor(sch.get(columns).extent.value,
@@ -427,6 +461,7 @@ def _schedule_tiles(sch, sums: str, copy: str, outer, rows, columns, reduction):
     # from hoisting all of B out of a loop over A's rows (and spilling it to the stack)
     tiles = sch.fuse(*outer, co, ro)
     sch.reverse_compute_at(sch.get_sblock(copy), tiles)
+    _parallel(sch, tiles)  # before the reduction is split in two (parallel rejects that)
     sch.unroll(ri)
     sch.vectorize(ci)
     init = sch.decompose_reduction(block, reduction[0])
@@ -556,7 +591,8 @@ def _tree_value(tree, inputs, out_index):
 def tree_func(tree, input_shapes, out_shape):
     """The PrimFunc (inputs..., output) computing ``tree`` per element of ``out_shape``
     (each op one IEEE operation, as TFLite's kernel for it computes it, in one pass instead
-    of one per op), a NEON register of results at a time along the last axis."""
+    of one per op), a NEON register of results at a time along the last axis, in parallel
+    over the rows or the flat loop's steps."""
     from tvm import s_tir, te
 
     inputs = [te.placeholder(tuple(int(d) for d in s), FLOAT, f"in{k}")
@@ -574,5 +610,6 @@ def tree_func(tree, input_shapes, out_shape):
         loops = [sch.fuse(*loops)]
     elif len(loops) > 2:
         loops = [sch.fuse(*loops[:-1]), loops[-1]]
-    _vectorize_interleaved(sch, loops[-1])
+    steps = _vectorize_interleaved(sch, loops[-1])
+    _parallel_rows(sch, sch.get_sblock("elementwise"), len(loops) - 1, steps)
     return sch.mod["main"]

@@ -5,7 +5,8 @@ could have more threads (``TVM_NUM_THREADS=4``): it must set its pool to 2 and g
 TFLite's reference outputs bit for bit, at every level (and on 3 threads and on 1 at one:
 compiled for one thread, its parallel loops are serial). The GEMMs of few channels split
 their rows there too (``GemmPlan.row_chunks``): MobileNetV1 0.25's 8- and 16-channel
-layers. The pieces are checked apart: the call ``main`` makes first, the once-per-thread
+layers. A dynamic-range net's float kernels run in parallel too, with the same values as on one
+thread. The pieces are checked apart: the call ``main`` makes first, the once-per-thread
 guard (compiled for the host and called), the refusals.
 """
 
@@ -50,11 +51,12 @@ print(json.dumps(ran))
 """
 
 
-def run_on_guest(model, lib, lvl, tmp_path, pools=(None,)) -> list:
+def guest_runs(model, lib, lvl, tmp_path, pools=(None,)) -> tuple[list, list, list]:
     """``lib`` run by the VM on ``lvl``'s emulated CPU, in a process whose runtime could have
     4 threads (``TVM_NUM_THREADS=4``), on each seed's inputs once per entry of ``pools``
     (None: the pool as the runtime or ``main`` sets it; N: ``runtime.config_threadpool``
-    to N first); each run checked bit-exact. Returns the pool each ran on."""
+    to N first). Returns (the pool each ran on, [per pool, per seed: the outputs],
+    [per seed: TFLite's reference outputs])."""
     inputs, expected = [], []
     for seed in SEEDS:
         x = model.random_inputs(seed=seed)
@@ -75,11 +77,19 @@ def run_on_guest(model, lib, lvl, tmp_path, pools=(None,)) -> list:
                          capture_output=True, text=True, timeout=900)
     assert res.returncode == 0, res.stderr[-3000:]
     ran = json.loads(res.stdout.strip().splitlines()[-1])
-    for p, run in enumerate(ran):
-        for i, seed in enumerate(SEEDS):
-            got = [np.load(tmp_path / f"out_{p}_{i}_{j}.npy") for j in range(run["outputs"])]
-            assert_exact(got, expected[i], f"{NET} at {lvl} on {run['pool']} threads, seed {seed}")
-    return [run["pool"] for run in ran]
+    outputs = [[[np.load(tmp_path / f"out_{p}_{i}_{j}.npy") for j in range(run["outputs"])]
+                for i in range(len(SEEDS))] for p, run in enumerate(ran)]
+    return [run["pool"] for run in ran], outputs, expected
+
+
+def run_on_guest(model, lib, lvl, tmp_path, pools=(None,)) -> list:
+    """``guest_runs``, each run checked bit-exact with TFLite. Returns the pool each ran
+    on."""
+    ran, outputs, expected = guest_runs(model, lib, lvl, tmp_path, pools)
+    for pool, runs in zip(ran, outputs):
+        for got, want, seed in zip(runs, expected, SEEDS):
+            assert_exact(got, want, f"{NET} at {lvl} on {pool} threads, seed {seed}")
+    return ran
 
 
 # (level, threads): the fast tier runs two threads at dotprod (call_sequence's test runs one
@@ -116,6 +126,40 @@ def test_a_pool_left_to_the_runtime_runs_serial_twins_on_one_thread(tmp_path):
         "no serial twin of a conv2d kernel"
     lib = export.export_aarch64(exe, tmp_path / "m.so")
     assert run_on_guest(model, lib, "dotprod", tmp_path, pools=(1, 2)) == [1, 2]
+
+
+DYNAMIC_NET = "bert_encoder_dynamic"  # every float kernel family: matmul, softmax, GELU,
+# LayerNorm's mean and elementwise trees, the hybrid layers' parameters and quantization
+
+
+@pytest.mark.device
+@pytest.mark.parametrize("lvl", [tier(lvl, id=lvl, fast=lvl == "neon") for lvl in device.LEVELS])
+def test_dynamic_range_net_on_two_threads_equals_one(lvl, tmp_path):
+    """A dynamic-range net's float kernels split their rows (or their vector steps) among
+    the threads, and no value depends on the split: left to the runtime, the library gives
+    on a pool of two exactly what its serial twins give on one, within the stated float
+    tolerance of TFLite (``test_hybrid.test_dynamic_range_net`` says why a tolerance), every
+    output alive."""
+    from armq_checks import output_pairs
+
+    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE
+
+    model = TFLiteModel.load(zoo.build(DYNAMIC_NET))
+    exe = build.compile_tflite(model, lvl)
+    source = llvm_source(exe)
+    for kernel in ("float_softmax", "float_gelu_tanh", "float_matmul", "float_mean",
+                   "float_elementwise", "hybrid_params"):
+        assert f"tvm_armq_{kernel}{call_sequence.TWIN_SUFFIX}_compute_" in source, \
+            f"{kernel}: no parallel loop (no serial twin)"
+    lib = export.export_aarch64(exe, tmp_path / "m.so")
+    ran, (one, two), expected = guest_runs(model, lib, lvl, tmp_path, pools=(1, 2))
+    assert ran == [1, 2]
+    for seed, a, b, want in zip(SEEDS, one, two, expected):
+        what = f"{DYNAMIC_NET} at {lvl}, seed {seed}"
+        assert_exact(b, a, f"{what}: two threads against one")
+        for i, (_, e, diff) in enumerate(output_pairs(a, want, what)):
+            bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
+            assert diff.max() <= bound, f"{what} output {i}: {diff.max():g} > {bound:g}"
 
 
 def test_few_channel_layers_split_rows_as_well():
