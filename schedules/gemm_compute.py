@@ -132,27 +132,29 @@ def bordered_input_te(shape: Conv2DShape, data, pad_value):
 ROWS_INTERIOR = "tvm_armq.rows_interior"
 
 
-def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt, row: int, kb: int,
-                    layout: RowsCopy):
-    """``im2col_packed_te`` for a row-blocked K (``row_blocked_k``; ungrouped, columns not
-    dilated; ``row`` K elements per kernel row, ``kb`` K blocks): every block of A is kr
-    contiguous elements of one image row.
+def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt, row: int | None,
+                    kb: int, layout: RowsCopy):
+    """``im2col_packed_te`` for a few-channel layer (``gemm_layout.few_channels``; columns
+    not dilated; ``kb`` K blocks), packed from the row copy.
 
     The input is first copied into ``data_rows`` (``RowsCopy``: each padded image row
     flattened to its (x, c) elements, the input's elements starting a vector at ``lead``
-    + the left border). Block (bk, i) of A for output pixel (b, oh, ow) is then
+    + the left border). With K row-blocked (``row`` K elements per kernel row), block
+    (bk, i) of A for output pixel (b, oh, ow) is
 
         data_rows[b, oh * sh + ky * dh, lead + ow * sw * C + rb * kr : + kr]
         with ky = bk // (kernel_row_k / kr), rb = bk % (kernel_row_k / kr)
 
-    one vector load and one store, with no test.
+    one vector load and one store, with no test. With K dense (``row`` None), element p
+    of the pixel's K is element p - ky * kw * C of kernel row ky = p // (kw * C): block bk
+    is a select, lane by lane, among one kr-vector load per kernel row (``_dense_k``).
     """
     from tvm import te, tirx
 
     mr, _, kr = mr_nr_kr
     s = shape
     c = s.in_c
-    blocks_per_row = row // kr
+    blocks_per_row = row // kr if row is not None else None
     pt, _, pb, _ = s.padding
     (sh, sw), dh = s.strides, s.dilation[0]
     lead, first, inner = layout.lead, layout.first, layout.inner
@@ -174,10 +176,41 @@ def _im2col_rows_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, cvt, row: int
     def a_element(g, bm, bk, i, j):
         m = tirx.min(bm * mr + i, m_total - 1)
         b, oh, ow = m // ohw, (m % ohw) // s.out_w, m % s.out_w
+        base = lead + ow * sw * c
+        if row is None:
+            return _dense_k(s, kr, rows, b, oh * sh, base, bk, j, cvt)
         ky, rb = bk // blocks_per_row, bk % blocks_per_row
-        return cvt(rows[b, oh * sh + ky * dh, lead + ow * sw * c + rb * kr + j])
+        return cvt(rows[b, oh * sh + ky * dh, base + rb * kr + j])
 
     return te.compute((1, mb, kb, mr, kr), a_element, name="A_packed")
+
+
+def _dense_k(shape: Conv2DShape, kr: int, rows, b, y0, base, bk, j, cvt):
+    """Lane j of K block bk of an output pixel's A with K dense, read from the row copy
+    ``rows`` (the pixel's window starts at row y0, element ``base``): element p = bk * kr +
+    j is kernel row ky's element p - ky * run (run = kw * C) for the last row starting at
+    or before p, and 0 past K.
+
+    Each kernel row's lanes come from one kr-lane load at the block's start in that row,
+    base + bk * kr - ky * run + j: contiguous in j, so a vector load; clamped to
+    [-(kr - 1), run - 1] before j is added, which changes nothing for a row the block
+    covers and keeps every other row's (dropped) load inside the copied row (``rows_copy``
+    leaves kr - 1 elements on either side). With the K blocks unrolled (the schedule),
+    the selects and the clamps are constants per lane: a blend of the rows' loads."""
+    from tvm import tirx
+
+    s = shape
+    run, dh = s.kw * s.in_c, s.dilation[0]
+    p = bk * kr + j
+
+    def row_lanes(ky):
+        start = tirx.max(tirx.min(bk * kr - ky * run, run - 1), 1 - kr)
+        return cvt(rows[b, y0 + ky * dh, base + start + j])
+
+    value = row_lanes(s.kh - 1)
+    for ky in range(s.kh - 2, -1, -1):
+        value = tirx.Select(p < (ky + 1) * run, row_lanes(ky), value)
+    return tirx.Select(p < s.gemm_k, value, tirx.const(0, value.ty.dtype))
 
 
 

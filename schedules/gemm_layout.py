@@ -19,14 +19,14 @@ nothing); M is padded with copies of the last row of A (computed, never stored).
 give every packed operand a leading group axis: ``groups`` independent GEMMs over their
 own slices of input and output channels.
 
-Few channels (``row_blocked_k``: an ungrouped layer whose input channels are not whole K
-blocks, e.g. an RGB stem with 3 channels): K is laid out one kernel row at a time, each
-row's kw * in_c bytes padded to whole K blocks (a 3x3 stem at kr = 4: 3 rows of 12 bytes,
-K = 36 instead of 27 -> 28). A kernel row's bytes lie side by side in an NHWC image, so
-each block of A is then one contiguous kr-byte load from the input copied row by row
-(``RowsCopy``); packed densely, a block straddles kernel rows and must be gathered byte by
-byte. The padding costs a few zero MACs per row (XNNPACK's c4 kernels pad each tap's
-channels to 4, K = 36 for the same stem).
+Few channels (``few_channels``: an ungrouped layer whose input channels are not whole K
+blocks, e.g. an RGB stem with 3 channels): a kernel row's kw * in_c bytes lie side by side
+in an NHWC image, so A is packed from the input copied row by row (``RowsCopy``), a vector
+load per kernel row a block covers. K is laid out one kernel row at a time, each row
+padded to whole K blocks (``row_blocked_k``: each block one load), where that takes no
+more blocks than K packed densely; else K is dense (a 3x3 stem at kr = 16: 27 -> 32
+instead of 3 rows of 16, K = 48, a third of the K loop's work on zeros), each block put
+together from the rows it covers by selects, which LLVM turns into a blend of two loads.
 
 Read in place (``direct_window``): where each row of A is a few runs of contiguous input
 bytes, a kernel with a DIRECT form reads them where they lie, with no A_packed at all:
@@ -132,20 +132,32 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def few_channels(cg: int, groups: int, kr: int, dtype) -> bool:
+    """Whether a layer's A is packed from the row copy (module docstring: few channels): an
+    ungrouped layer of integer operands (``dtype``) whose input channels cg are no multiple
+    of kr. Integer only: a block reads whatever input lies beside the window (times a zero
+    weight, or dropped by a select), and in floating point a zero times an infinity or NaN
+    there would not be zero."""
+    return groups == 1 and cg % kr != 0 and str(dtype).startswith(("int", "uint"))
+
+
 def row_blocked_k(kh: int, kw: int, cg: int, groups: int, kr: int, dtype) -> int | None:
     """The K elements of one kernel row when K is laid out in whole blocks per kernel row
     (module docstring: few channels), else None (K packed densely, padded at its end).
 
-    Row-blocked: an ungrouped layer of integer operands (``dtype``) whose input channels cg
-    are no multiple of kr; each row's kw * cg elements are padded up to a multiple of kr.
-    Where that pads nothing (one kernel row, or kw * cg a multiple of kr) the two layouts
-    are the same bytes. Integer only: a block's padding reads whatever input follows the
-    window (times a zero weight), and in floating point a zero times an infinity or NaN
-    there would not be zero.
+    Row-blocked: a few-channel layer (``few_channels``) whose kernel rows, each padded up
+    to whole blocks, take no more blocks than K packed densely: each block of A is then
+    one load. Where the padding costs blocks (an RGB stem at kr = 16: 3 rows of 16 bytes,
+    K = 48, where 27 bytes packed densely take 32), K is dense and each block of A is
+    put together from the kernel rows it covers (``gemm_compute``: a load per row and a
+    select), which costs less than the multiply-accumulates of the padding.
     """
-    if groups != 1 or cg % kr == 0 or not str(dtype).startswith(("int", "uint")):
+    if not few_channels(cg, groups, kr, dtype):
         return None
-    return ceil_div(kw * cg, kr) * kr
+    row = ceil_div(kw * cg, kr) * kr
+    if ceil_div(kh * kw * cg, kr) < kh * row // kr:
+        return None
+    return row
 
 
 def pack_weights(weight_hwio: np.ndarray, mr_nr_kr, groups: int = 1) -> np.ndarray:
@@ -249,7 +261,7 @@ def input_copy(shape: Conv2DShape, kr: int, dtype: str, direct: bool) -> str | N
         return BORDERED if any(shape.padding) else None
     if shape.is_pointwise:
         return None
-    if shape.kernel_row_k(kr, dtype) is not None and shape.dilation[1] == 1:
+    if few_channels(shape.group_in_c, shape.groups, kr, dtype) and shape.dilation[1] == 1:
         return ROWS
     if shape.group_in_c % kr == 0 and any(shape.padding):
         return BORDERED
@@ -263,9 +275,11 @@ class RowsCopy:
 
         | lead | left border | the row's W * C input elements | right border | slack |
           lead: so the input's elements start a vector (the copy is then whole vector
-                loads and stores with no test; the schedule cuts the row there)
+                loads and stores with no test; the schedule cuts the row there), and a
+                vector more where K is dense (``dense``)
           slack: the last block of a window row covers up to ``kernel_row_k - kw * C``
-                elements past the window (their weights are 0); they stay in the row
+                elements past the window (their weights are 0), or up to kr - 1 where K
+                is dense (their lanes are dropped); they stay in the row
 
     with the top and bottom border rows all pad. ``first``: where the input's elements
     start; ``inner``: how many there are (W * C). The schedule cuts each image row into
@@ -279,6 +293,7 @@ class RowsCopy:
     first: int
     inner: int
     length: int          # elements per copied row, whole vectors
+    dense: bool = False  # K packed densely from it (``row_blocked_k`` None), not row-blocked
 
     @property
     def lead_vectors(self) -> int:
@@ -294,13 +309,18 @@ class RowsCopy:
 
 
 def rows_copy(shape: Conv2DShape, kr: int, dtype: str) -> RowsCopy:
-    """The ``RowsCopy`` of a row-blocked layer (``input_copy`` is ``ROWS``)."""
+    """The ``RowsCopy`` of a few-channel layer (``input_copy`` is ``ROWS``). K row-blocked:
+    a window row's last block reads up to ``kernel_row_k - kw * C`` elements past it. K
+    dense: a block reads up to kr - 1 elements before and after each kernel row it covers
+    (one vector load per row, the other rows' lanes dropped), so the row starts a vector
+    later and ends a vector past the last window's end, and every such load stays in it."""
     s, c = shape, shape.in_c
     row = s.kernel_row_k(kr, dtype)
     pt, pl, _, pr = s.padding
     left, inner = pl * c, s.in_w * c
-    lead = -left % COPY_LANES
+    lead = -left % COPY_LANES + (COPY_LANES if row is None else 0)
     first = lead + left
-    used = first + inner + pr * c + (row - s.kw * c)
-    return RowsCopy(pt, s.in_h, lead, first, inner, ceil_div(used, COPY_LANES) * COPY_LANES)
+    used = first + inner + pr * c + (row - s.kw * c if row is not None else kr)
+    return RowsCopy(pt, s.in_h, lead, first, inner, ceil_div(used, COPY_LANES) * COPY_LANES,
+                    dense=row is None)
 

@@ -188,6 +188,11 @@ def _schedule_part(sch, plan: GemmPlan, part: GemmPart, tile, target=None,
         if row_blocks is not None and k_blocks % row_blocks == 0 and k_blocks > row_blocks:
             ky, kb_row = sch.split(pack_loops[2], [None, row_blocks])
             sch.reorder(pack_loops[3], ky, kb_row)
+        elif plan.input_copy == ROWS and plan.rows_copy.dense:
+            # K dense from the row copy (gemm_compute._dense_k): per row of A, its K blocks
+            # unrolled, so which kernel row each lane takes is a constant (a blend)
+            sch.reorder(pack_loops[3], pack_loops[2])
+            sch.unroll(pack_loops[2])
         sch.vectorize(sch.get_loops(a_packed)[-1])
     # the input copy is the main GEMM's to schedule
     if part is plan.main and plan.input_copy == ROWS:

@@ -31,7 +31,8 @@ from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.intrinsics.forms import DirectWindow
 from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
 from tvm_armq.schedules import reference as ref
-from tvm_armq.schedules.gemm_layout import Conv2DShape, fold_bias, pack_weights
+from tvm_armq.schedules.gemm_layout import (ROWS, Conv2DShape, fold_bias, input_copy,
+                                            pack_weights, rows_copy)
 from tvm_armq.schedules.gemm_plan import GemmKnobs
 from tvm_armq.schedules.tir_util import merge_outputs, view_params
 from tvm_armq.targets import LEVELS
@@ -48,7 +49,7 @@ ONE_ROW = "one_row"      # a GEMM of one row (M = 1)
 TAIL = "tail"            # a layer whose last M % 4 rows may be a row tail
 DEPTH8 = "depth8"        # K 1-8 past a multiple of 16: neon's 8-byte kernel
 BOUNDED = "bounded"      # also built for its largest shift (max_shift)
-FEW_CHANNELS = "few_channels"  # in_c no multiple of kr: row-blocked K
+FEW_CHANNELS = "few_channels"  # in_c no multiple of kr: packed from the row copy
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +90,8 @@ CASES = [
     _c("groups2_3x3", S(1, 6, 6, 8, 10, 3, 3, padding=(1, 1, 1, 1), groups=2), -9, 2),
     _c("groups4_1x1", S(1, 5, 4, 12, 8, 1, 1, groups=4), 100, -3),
     _c("dense_rows3", S.dense(3, 70, 13), -128, 0),
-    # Few channels (row-blocked K, read from flat image rows; cg % kr != 0 at every level):
+    # Few channels (packed from flat image rows, K row-blocked or dense as each level's kr
+    # makes it: test_sweep_covers_both_few_channel_layouts; cg % kr != 0 at every level):
     # an RGB stem; one channel, no padding, batch 2 (the last row's slack); a row of exactly
     # one copy vector; rows dilated; a wide row of 7 vectors and a partial one.
     _c("rgb_stem_s2", S(1, 17, 17, 3, 8, 3, 3, strides=(2, 2), padding=(0, 0, 1, 1)), -1, 4,
@@ -259,14 +261,18 @@ def sweep(level: str, scope: str = "full") -> list[tuple]:
 
 # The sweep's scopes: the fast tier runs the cover, the exhaustive tier every entry.
 SWEEP_SCOPES = ("cover", "full")
+K_DENSE, K_ROW_BLOCKED = "k_dense", "k_row_blocked"  # a few-channel layer's K (gemm_layout)
 
 
 def _covers(kernel, case: Case, read: str) -> set:
     """What an entry of the sweep exercises in its kernel: the read with the plan's form
     (block, whole-K, direct, indirect), and the read with each thing the case is for (its
-    tags, one scale per layer, groups, several images)."""
-    form = gemm_plan.plan(case.shape, kernel, **_reads(read)).main.form
+    tags, one scale per layer, groups, several images, a few-channel layer's K layout)."""
+    plan = gemm_plan.plan(case.shape, kernel, **_reads(read))
+    form = plan.main.form
     things = set(case.tags)
+    if plan.input_copy == ROWS:  # which K layout the row copy is packed into
+        things |= {K_DENSE if plan.rows_copy.dense else K_ROW_BLOCKED}
     things |= {"per_tensor"} if case.per_tensor else set()
     things |= {"grouped"} if case.shape.groups > 1 else set()
     things |= {"batch"} if case.shape.batch > 1 else set()
@@ -363,22 +369,43 @@ def test_packing_layout():
 
 
 def test_row_blocked_packing_layout():
-    """Few channels: each kernel row's kw * cg bytes start a new K block (gemm_layout)."""
-    w = np.arange(3 * 2 * 3 * 5, dtype=np.int8).reshape(3, 2, 3, 5)  # rows of 6 bytes
-    s = S(1, 6, 6, 3, 5, 3, 2)
-    assert s.kernel_row_k(4, "int8") == 8 and s.packed_k(4, "int8") == 24  # dense: 18 -> 20
-    assert s.kernel_row_k(16, "uint8") == 16 and s.packed_k(16, "uint8") == 48
-    assert S(1, 6, 6, 4, 5, 3, 2).kernel_row_k(4, "int8") is None  # whole blocks
-    assert S(1, 6, 6, 6, 4, 3, 2, groups=2).kernel_row_k(4, "int8") is None
-    assert s.kernel_row_k(4, "float32") is None and s.packed_k(4, "float32") == 20
+    """Few channels: each kernel row's kw * cg bytes start a new K block (gemm_layout)
+    where that takes no more blocks than K packed densely."""
+    w = np.arange(2 * 1 * 3 * 5, dtype=np.int8).reshape(2, 1, 3, 5)  # rows of 3 bytes
+    s = S(1, 6, 6, 3, 5, 2, 1)
+    assert s.kernel_row_k(4, "int8") == 4 and s.packed_k(4, "int8") == 8  # dense: 6 -> 8
     packed = pack_weights(w, (4, 4, 4))[0]
-    assert packed.shape == (2, 6, 4, 4)
-    for ky in range(3):
-        for r in range(8):
-            k = ky * 8 + r
-            want = w[ky].reshape(6, 5)[r] if r < 6 else np.zeros(5, np.int8)
+    assert packed.shape == (2, 2, 4, 4)
+    for ky in range(2):
+        for r in range(4):
+            k = ky * 4 + r
+            want = w[ky].reshape(3, 5)[r] if r < 3 else np.zeros(5, np.int8)
             for n in range(5):
                 assert packed[n // 4, k // 4, n % 4, k % 4] == want[n]
+
+
+def test_few_channels_pack_densely_where_row_blocks_cost_blocks():
+    """Row-blocked, 3 rows of 6 bytes take 6 blocks of 4 (24) where 18 bytes packed densely
+    take 5 (20); at kr = 16, 3 blocks (48) against 2 (32): K is then dense, packed from
+    the row copy all the same. Whole channel blocks, groups, float: dense, no row copy."""
+    s = S(1, 6, 6, 3, 5, 3, 2)
+    assert s.kernel_row_k(4, "int8") is None and s.packed_k(4, "int8") == 20
+    assert s.kernel_row_k(16, "uint8") is None and s.packed_k(16, "uint8") == 32
+    assert input_copy(s, 4, "int8", direct=False) == ROWS
+    assert rows_copy(s, 4, "int8").dense and not rows_copy(S(1, 6, 6, 3, 5, 2, 1), 4,
+                                                           "int8").dense
+    assert S(1, 6, 6, 4, 5, 3, 2).kernel_row_k(4, "int8") is None  # whole blocks
+    assert input_copy(S(1, 6, 6, 4, 5, 3, 2), 4, "int8", direct=False) != ROWS
+    assert S(1, 6, 6, 6, 4, 3, 2, groups=2).kernel_row_k(4, "int8") is None
+    assert s.kernel_row_k(4, "float32") is None and s.packed_k(4, "float32") == 20
+    w = np.arange(3 * 2 * 3 * 5, dtype=np.int8).reshape(3, 2, 3, 5)
+    packed = pack_weights(w, (4, 4, 4))[0]
+    assert packed.shape == (2, 5, 4, 4)
+    flat = w.reshape(18, 5)
+    for k in range(20):
+        want = flat[k] if k < 18 else np.zeros(5, np.int8)
+        for n in range(5):
+            assert packed[n // 4, k // 4, n % 4, k % 4] == want[n]
 
 
 def test_sweep_covers_every_int8_kernel_and_form():
@@ -401,6 +428,15 @@ def test_sweep_covers_every_int8_kernel_and_form():
             for kernel, case, read in sweep(level, scope):
                 into |= {(kernel.name, c) for c in _covers(kernel, case, read)}
         assert cover == full and len(sweep(level, "cover")) < len(sweep(level)), level
+
+
+def test_sweep_covers_both_few_channel_layouts():
+    """At every level, the fast tier's cover packs a few-channel layer from the row copy
+    into each K layout: row-blocked (a load per block) and dense (a blend of rows)."""
+    for level in LEVELS:
+        layouts = {t for kernel, case, read in sweep(level, "cover")
+                   for _, t in _covers(kernel, case, read)} & {K_DENSE, K_ROW_BLOCKED}
+        assert layouts == {K_DENSE, K_ROW_BLOCKED}, (level, layouts)
 
 
 @pytest.mark.parametrize("level, scope", [
