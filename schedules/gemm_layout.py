@@ -105,7 +105,8 @@ class Conv2DShape(Window2D):
     def kernel_row_k(self, kr: int, dtype: str) -> int | None:
         """K elements of one kernel row in the packed operands of element type ``dtype``
         when K is row-blocked (``row_blocked_k``), else None."""
-        return row_blocked_k(self.kh, self.kw, self.group_in_c, self.groups, kr, dtype)
+        return row_blocked_k(self.kh, self.kw, self.group_in_c, self.groups, kr, dtype,
+                             self.gemm_n)
 
     def packed_k(self, kr: int, dtype: str) -> int:
         """K of the packed operands (element type ``dtype``) in K blocks of kr, padding
@@ -141,21 +142,34 @@ def few_channels(cg: int, groups: int, kr: int, dtype) -> bool:
     return groups == 1 and cg % kr != 0 and str(dtype).startswith(("int", "uint"))
 
 
-def row_blocked_k(kh: int, kw: int, cg: int, groups: int, kr: int, dtype) -> int | None:
+# Dense K pays where it saves an output pixel at least this many multiply-accumulates
+# (K elements of padding times the group's output channels): its pack costs more per block
+# than the row-blocked one, a blend of two loads for a block spanning kernel rows. Measured
+# on MobileNetV1 0.25's RGB stem (8 channels out, estimate, armperf 4): at dotprod 8 bytes
+# saved (36 -> 28), 64 MACs a pixel, 1.256e5 -> 1.319e5 est. cycles, row-blocked kept; at
+# i8mm 16 (48 -> 32), 128 MACs, a gain (the net 7.33e5 -> 7.21e5).
+DENSE_K_MIN_SAVED_MACS = 128
+
+
+def row_blocked_k(kh: int, kw: int, cg: int, groups: int, kr: int, dtype,
+                  n: int) -> int | None:
     """The K elements of one kernel row when K is laid out in whole blocks per kernel row
     (module docstring: few channels), else None (K packed densely, padded at its end).
 
     Row-blocked: a few-channel layer (``few_channels``) whose kernel rows, each padded up
-    to whole blocks, take no more blocks than K packed densely: each block of A is then
-    one load. Where the padding costs blocks (an RGB stem at kr = 16: 3 rows of 16 bytes,
-    K = 48, where 27 bytes packed densely take 32), K is dense and each block of A is
-    put together from the kernel rows it covers (``gemm_compute``: a load per row and a
-    select), which costs less than the multiply-accumulates of the padding.
+    to whole blocks, take no more blocks than K packed densely, or save fewer than
+    ``DENSE_K_MIN_SAVED_MACS`` per output pixel over the group's ``n`` output channels:
+    each block of A is then one load. Where the padding costs more (an RGB stem at kr =
+    16: 3 rows of 16 bytes, K = 48, where 27 bytes packed densely take 32), K is dense and
+    each block of A is put together from the kernel rows it covers (``gemm_compute``: a
+    load per row and a select), which costs less than the multiply-accumulates of the
+    padding.
     """
     if not few_channels(cg, groups, kr, dtype):
         return None
     row = ceil_div(kw * cg, kr) * kr
-    if ceil_div(kh * kw * cg, kr) < kh * row // kr:
+    saved = kh * row - ceil_div(kh * kw * cg, kr) * kr
+    if saved > 0 and saved * n >= DENSE_K_MIN_SAVED_MACS:
         return None
     return row
 
@@ -169,7 +183,7 @@ def pack_weights(weight_hwio: np.ndarray, mr_nr_kr, groups: int = 1) -> np.ndarr
     _, nr, kr = mr_nr_kr
     kh, kw, cg, n = weight_hwio.shape
     k, ng = kh * kw * cg, n // groups
-    row = row_blocked_k(kh, kw, cg, groups, kr, weight_hwio.dtype)
+    row = row_blocked_k(kh, kw, cg, groups, kr, weight_hwio.dtype, ng)
     if row is not None:  # each kernel row's kw * cg bytes, then zeros up to the row's blocks
         w = np.zeros((kh, row, n), weight_hwio.dtype)
         w[:, :kw * cg] = weight_hwio.reshape(kh, kw * cg, n)

@@ -152,7 +152,7 @@ def tail_kernel(shape: Conv2DShape, kernel):
     most of a micro-tile: at most ``TAIL_MAX_SHARE`` of mr rows (M = 49 at mr = 4: one row
     instead of four, 49 rows of work instead of 52). Any layer whose A the tail can read
     from the input copy the main GEMM reads (``input_copy``): the input itself, or its
-    bordered copy, which both GEMMs then share. Not a row-blocked K (``ROWS``), whose
+    bordered copy, which both GEMMs then share. Not a few-channel layer (``ROWS``), whose
     copy is packed for all rows at once. The tail rows are the last pixels of the last
     image, read in place at any stride (``direct_window`` with mr = 1) when they are in
     one output row (``gemm_compute.direct_gemm_te``): out_w at least M % mr.

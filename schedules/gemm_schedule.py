@@ -262,7 +262,7 @@ def _cut_bordered_copy(sch, block, shape, parallel: bool) -> None:
 
 
 def _schedule_rows_copy(sch, block, layout: RowsCopy, parallel: bool) -> None:
-    """The row copy of a row-blocked im2col (``gemm_layout.RowsCopy``), in ``COPY_LANES``
+    """The row copy of a few-channel im2col (``gemm_layout.RowsCopy``), in ``COPY_LANES``
     vectors, cut where the image starts and ends.
 
     In the image's rows, the vectors holding input only are plain loads and stores (the

@@ -31,8 +31,8 @@ from tvm_armq.intrinsics import kernels, requant
 from tvm_armq.intrinsics.forms import DirectWindow
 from tvm_armq.schedules import gemm_compute, gemm_plan, gemm_schedule
 from tvm_armq.schedules import reference as ref
-from tvm_armq.schedules.gemm_layout import (ROWS, Conv2DShape, fold_bias, input_copy,
-                                            pack_weights, rows_copy)
+from tvm_armq.schedules.gemm_layout import (DENSE_K_MIN_SAVED_MACS, ROWS, Conv2DShape,
+                                            fold_bias, input_copy, pack_weights, rows_copy)
 from tvm_armq.schedules.gemm_plan import GemmKnobs
 from tvm_armq.schedules.tir_util import merge_outputs, view_params
 from tvm_armq.targets import LEVELS
@@ -386,25 +386,32 @@ def test_row_blocked_packing_layout():
 
 def test_few_channels_pack_densely_where_row_blocks_cost_blocks():
     """Row-blocked, 3 rows of 6 bytes take 6 blocks of 4 (24) where 18 bytes packed densely
-    take 5 (20); at kr = 16, 3 blocks (48) against 2 (32): K is then dense, packed from
-    the row copy all the same. Whole channel blocks, groups, float: dense, no row copy."""
-    s = S(1, 6, 6, 3, 5, 3, 2)
+    take 5 (20); at kr = 16, 3 blocks (48) against 2 (32). Over 40 output channels that is
+    160 and 640 multiply-accumulates a pixel, at least DENSE_K_MIN_SAVED_MACS: K is dense,
+    packed from the row copy all the same. Over 5 channels (20 and 80) the row-blocked
+    pack's one load per block pays more. Whole channel blocks, groups, float: dense, no
+    row copy."""
+    s = S(1, 6, 6, 3, 40, 3, 2)
     assert s.kernel_row_k(4, "int8") is None and s.packed_k(4, "int8") == 20
     assert s.kernel_row_k(16, "uint8") is None and s.packed_k(16, "uint8") == 32
     assert input_copy(s, 4, "int8", direct=False) == ROWS
-    assert rows_copy(s, 4, "int8").dense and not rows_copy(S(1, 6, 6, 3, 5, 2, 1), 4,
-                                                           "int8").dense
-    assert S(1, 6, 6, 4, 5, 3, 2).kernel_row_k(4, "int8") is None  # whole blocks
-    assert input_copy(S(1, 6, 6, 4, 5, 3, 2), 4, "int8", direct=False) != ROWS
-    assert S(1, 6, 6, 6, 4, 3, 2, groups=2).kernel_row_k(4, "int8") is None
+    assert rows_copy(s, 4, "int8").dense
+    few_out = dataclasses.replace(s, out_c=5)
+    assert few_out.kernel_row_k(4, "int8") == 8 and few_out.packed_k(4, "int8") == 24
+    assert few_out.kernel_row_k(16, "int8") == 16 and not rows_copy(few_out, 4, "int8").dense
+    assert input_copy(few_out, 4, "int8", direct=False) == ROWS
+    assert 4 * 5 < DENSE_K_MIN_SAVED_MACS <= 4 * 40
+    assert S(1, 6, 6, 4, 40, 3, 2).kernel_row_k(4, "int8") is None  # whole blocks
+    assert input_copy(S(1, 6, 6, 4, 40, 3, 2), 4, "int8", direct=False) != ROWS
+    assert S(1, 6, 6, 6, 40, 3, 2, groups=2).kernel_row_k(4, "int8") is None
     assert s.kernel_row_k(4, "float32") is None and s.packed_k(4, "float32") == 20
-    w = np.arange(3 * 2 * 3 * 5, dtype=np.int8).reshape(3, 2, 3, 5)
+    w = np.arange(3 * 2 * 3 * 40, dtype=np.int8).reshape(3, 2, 3, 40)
     packed = pack_weights(w, (4, 4, 4))[0]
-    assert packed.shape == (2, 5, 4, 4)
-    flat = w.reshape(18, 5)
+    assert packed.shape == (10, 5, 4, 4)
+    flat = w.reshape(18, 40)
     for k in range(20):
-        want = flat[k] if k < 18 else np.zeros(5, np.int8)
-        for n in range(5):
+        want = flat[k] if k < 18 else np.zeros(40, np.int8)
+        for n in range(40):
             assert packed[n // 4, k // 4, n % 4, k % 4] == want[n]
 
 
