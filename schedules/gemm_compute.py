@@ -64,7 +64,8 @@ def im2col_packed_te(shape: Conv2DShape, mr_nr_kr, data, pad_value, convert=None
 
     if copy == ROWS:
         if rows not in (None, (0, s.gemm_m)):
-            raise ValueError(f"conv2d_gemm: {s}: a few-channel im2col (from the row copy) covers all rows")
+            raise ValueError(f"conv2d_gemm: {s}: a few-channel im2col (from the row copy) "
+                             "covers all rows")
         return _im2col_rows_te(s, mr_nr_kr, data, pad_value, cvt, row, kb, rows_layout)
     # the bordered copy: the im2col then moves kr-byte vectors with no bounds test
     padded = None
