@@ -79,6 +79,17 @@ def assert_exact(got: list, expected: list, what: str) -> None:
                                 f"elements differ, by up to {diff.max()}"
 
 
+def assert_within_float_tolerance(got: list, expected: list, what: str) -> None:
+    """``output_pairs``' checks, then every output within the stated float tolerance of
+    TFLite's: ``report.FLOAT_RELATIVE_TOLERANCE`` of its largest magnitude (a model whose
+    float layers are TVM's code, e.g. a dynamic-range one)."""
+    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE
+
+    for i, (_, e, diff) in enumerate(output_pairs(got, expected, what)):
+        bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
+        assert diff.max() <= bound, f"{what} output {i}: {diff.max():g} > {bound:g}"
+
+
 # A live output takes more values than this in ``cli run``'s report of it: a model that
 # ran everything but collapsed onto a sign or a saturated pair passes nothing on its
 # word. (``assert_alive`` asks more of the outputs it sees itself; ``run`` reports only

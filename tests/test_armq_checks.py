@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from armq_checks import (assert_alive, assert_functions_use, assert_no_workspace_per_task,
-                         assert_run_exact, function_asm, mnemonics, output_pairs)
+                         assert_run_exact, assert_within_float_tolerance, function_asm,
+                         mnemonics, output_pairs)
 
 
 def _logits(seed: int = 0, size: int = 1000) -> np.ndarray:
@@ -55,6 +56,23 @@ def test_output_pairs_gives_the_differences():
     ((got, expected, diff),) = output_pairs([g], [e], "one output")
     assert got is g and expected is e and diff.dtype == np.int32
     assert diff.max() == 2 and int((diff > 0).sum()) == 1
+
+
+def test_float_tolerance_is_relative_to_the_largest_magnitude():
+    """``assert_within_float_tolerance``: a difference at the bound passes, one past it
+    fails, and a dead output fails however close."""
+    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE
+
+    e = np.random.default_rng(0).uniform(-3, 3, 1000).astype(np.float32)
+    bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
+    g = e.copy()
+    g[7] = np.float32(float(e[7]) + bound / 2)
+    assert_within_float_tolerance([g], [e], "half the bound off")
+    g[7] = np.float32(float(e[7]) + 4 * bound)
+    with pytest.raises(AssertionError, match="output 0: .* > "):
+        assert_within_float_tolerance([g], [e], "four times the bound off")
+    with pytest.raises(AssertionError):
+        assert_within_float_tolerance([np.zeros_like(e)], [np.zeros_like(e)], "dead")
 
 
 def _run_report(*outputs, worst=0):

@@ -488,18 +488,16 @@ def test_dynamic_range_net(name, level, compiled_models):
     kernel (none left float), every output alive and within the stated float tolerance of
     TFLite's (``report.FLOAT_RELATIVE_TOLERANCE`` of its largest magnitude: the float layers
     between the hybrid ones are TVM's code; the hybrid layers alone are exact, above)."""
-    from armq_checks import output_pairs
+    from armq_checks import assert_within_float_tolerance
 
     from tvm_armq import zoo
-    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE, Lowered
+    from tvm_armq.report import Lowered
 
     report, runs = compiled_models(level, name, zoo.build(name), (0,))
     assert report and all(isinstance(r, Lowered) and r.kernel.startswith("gemm_hybrid_")
                           for r in report), [str(r) for r in report]
     (got, expected), = runs
-    for i, (g, e, diff) in enumerate(output_pairs(got, expected, f"{name} at {level}")):
-        bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
-        assert diff.max() <= bound, f"{name} at {level} output {i}: {diff.max():g} > {bound:g}"
+    assert_within_float_tolerance(got, expected, f"{name} at {level}")
 
 
 @pytest.mark.parametrize("level", [tier(lvl, id=lvl, fast=lvl == "dotprod") for lvl in LEVELS])
@@ -507,11 +505,11 @@ def test_portable_library_runs_each_levels_hybrid_kernels(level, compiled_models
     """One portable library of a dynamic-range net: every hybrid layer carries a kernel per
     level, and on each level's device it chooses that level and computes the model within
     the stated tolerance (its hybrid layers: the same kernels as a single-level build)."""
-    from armq_checks import output_pairs
+    from armq_checks import assert_within_float_tolerance
 
     from tvm_armq import build, export, targets, zoo
     from tvm_armq.frontend.model import TFLiteModel
-    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE, Lowered
+    from tvm_armq.report import Lowered
 
     model, report = TFLiteModel.load(zoo.build("resnet_block_dynamic")), []
     lib = export.export_aarch64(build.compile_tflite(model, targets.PORTABLE, report=report),
@@ -521,6 +519,5 @@ def test_portable_library_runs_each_levels_hybrid_kernels(level, compiled_models
     dm = build.DeviceModel(compiled_models.session(level), lib)  # the module's session
     assert dm.selected_level() == level
     inputs = model.random_inputs(2)
-    for i, (_, e, diff) in enumerate(output_pairs(dm(inputs), model.reference_outputs(inputs),
-                                                  f"portable on {level}")):
-        assert diff.max() <= FLOAT_RELATIVE_TOLERANCE * float(abs(e).max()), (i, diff.max())
+    assert_within_float_tolerance(dm(inputs), model.reference_outputs(inputs),
+                                  f"portable on {level}")

@@ -140,9 +140,7 @@ def test_dynamic_range_net_on_two_threads_equals_one(lvl, tmp_path):
     on a pool of two exactly what its serial twins give on one, within the stated float
     tolerance of TFLite (``test_hybrid.test_dynamic_range_net`` says why a tolerance), every
     output alive."""
-    from armq_checks import output_pairs
-
-    from tvm_armq.report import FLOAT_RELATIVE_TOLERANCE
+    from armq_checks import assert_within_float_tolerance
 
     model = TFLiteModel.load(zoo.build(DYNAMIC_NET))
     exe = build.compile_tflite(model, lvl)
@@ -157,9 +155,7 @@ def test_dynamic_range_net_on_two_threads_equals_one(lvl, tmp_path):
     for seed, a, b, want in zip(SEEDS, one, two, expected):
         what = f"{DYNAMIC_NET} at {lvl}, seed {seed}"
         assert_exact(b, a, f"{what}: two threads against one")
-        for i, (_, e, diff) in enumerate(output_pairs(a, want, what)):
-            bound = FLOAT_RELATIVE_TOLERANCE * float(np.abs(e).max())
-            assert diff.max() <= bound, f"{what} output {i}: {diff.max():g} > {bound:g}"
+        assert_within_float_tolerance(a, want, what)
 
 
 def test_few_channel_layers_split_rows_as_well():
