@@ -307,7 +307,7 @@ class RowsCopy:
     first: int
     inner: int
     length: int          # elements per copied row, whole vectors
-    dense: bool = False  # K packed densely from it (``row_blocked_k`` None), not row-blocked
+    dense: bool          # K packed densely from it (``row_blocked_k`` None), not row-blocked
 
     @property
     def lead_vectors(self) -> int:
