@@ -94,6 +94,9 @@ Q31 = 31  # fractional bits of TFLite's multipliers (qmuls' q)
 ADD_LEFT_SHIFT = 20  # TFLite's 8-bit ADD works on (x - zp) << 20 (< 2**28: the sum fits)
 # SQUARED_DIFFERENCE works on (x - zp) << 7: the square of a difference fits in int32
 SQUARED_DIFFERENCE_LEFT_SHIFT = 7
+# The largest left shift of an 8-bit value minus an 8-bit zero point that int16 holds:
+# |x - zp| <= 255 and 255 << 7 = 32640 (the first of ADD's two widening steps)
+WIDEN_SHIFT_16 = 7
 # The ops that rescale both inputs to a common scale first (TFLite's ADD recipe), by the
 # left shift that keeps the rescaled inputs exact
 COMMON_SCALE_OPS = {"ADD": ADD_LEFT_SHIFT, "SUB": ADD_LEFT_SHIFT,
@@ -369,6 +372,19 @@ def finish_func(tensors, schedule, scheduler):
 
 
 # ----------------------------------------------------------------------------- ADD, MUL
+def _shifted_centred(v, zp: int, shift: int):
+    """``(v - zp) << shift`` as int32 for an 8-bit ``v``, exactly, in two widening steps:
+    ``(v - zp) << WIDEN_SHIFT_16`` in int16 (it fits), then the rest of the shift on the
+    way to int32. LLVM makes each step one shift-and-widen (sshll/ushll with the shift as
+    its immediate), where one int32 shift after two plain widenings costs a third
+    instruction per vector on the shift pipe, which bounds ADD's loop on every core."""
+    from tvm import tirx
+
+    first = min(shift, WIDEN_SHIFT_16)
+    centred = (v.astype("int16") << first) - tirx.const(zp << first, "int16")
+    return centred.astype("int32") << (shift - first)
+
+
 def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
              dtype: str = "int8", *, schedule: bool = True, op: str = "ADD",
              b_first: bool = False, constant: np.ndarray | None = None):
@@ -408,10 +424,11 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         v = t[tuple(_broadcast_index(shape, out_shape, idx))]
         if t.dtype == "int32":  # the constant, rescaled at compile time
             return v
-        x = v.astype("int32") - zp
+        shift = p.left_shift - 1 if (m, e) == HALF else p.left_shift
+        x = _shifted_centred(v, zp, shift)
         if (m, e) == HALF:  # the input of the larger scale: exactly half, no rounding
-            return x << (p.left_shift - 1)
-        return qmuls(x << p.left_shift, m, Q31, e)  # |x - zp| <= 255: the shift fits
+            return x
+        return qmuls(x, m, Q31, e)
 
     def element(*idx):
         a_ = rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
