@@ -372,17 +372,25 @@ def finish_func(tensors, schedule, scheduler):
 
 
 # ----------------------------------------------------------------------------- ADD, MUL
-def _shifted_centred(v, zp: int, shift: int):
+def _shifted_centred(v, zp: int, shift: int, *, by_multiply: bool = False):
     """``(v - zp) << shift`` as int32 for an 8-bit ``v``, exactly, in two widening steps:
     ``(v - zp) << WIDEN_SHIFT_16`` in int16 (it fits), then the rest of the shift on the
     way to int32. LLVM makes each step one shift-and-widen (sshll/ushll with the shift as
     its immediate), where one int32 shift after two plain widenings costs a third
-    instruction per vector on the shift pipe, which bounds ADD's loop on every core."""
+    instruction per vector on the shift pipe, which bounds ADD's loop on every core.
+    ``by_multiply``: the second step is a widening multiply by ``1 << rest`` (smull), on
+    the multiply pipe instead (ADD's half-scale input, whose partner's rescaling keeps the
+    shift pipe the busier: measured in docs/performance.md)."""
     from tvm import tirx
 
+    from tvm_armq.intrinsics.widen import widening_mul
+
     first = min(shift, WIDEN_SHIFT_16)
+    rest = shift - first
     centred = (v.astype("int16") << first) - tirx.const(zp << first, "int16")
-    return centred.astype("int32") << (shift - first)
+    if by_multiply and rest > 0:
+        return widening_mul(centred, tirx.const(1 << rest, "int16"))
+    return centred.astype("int32") << rest
 
 
 def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
@@ -424,11 +432,9 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         v = t[tuple(_broadcast_index(shape, out_shape, idx))]
         if t.dtype == "int32":  # the constant, rescaled at compile time
             return v
-        shift = p.left_shift - 1 if (m, e) == HALF else p.left_shift
-        x = _shifted_centred(v, zp, shift)
         if (m, e) == HALF:  # the input of the larger scale: exactly half, no rounding
-            return x
-        return qmuls(x, m, Q31, e)
+            return _shifted_centred(v, zp, p.left_shift - 1, by_multiply=True)
+        return qmuls(_shifted_centred(v, zp, p.left_shift), m, Q31, e)
 
     def element(*idx):
         a_ = rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
