@@ -164,8 +164,9 @@ def main() -> int:
                     if repeat > 1:
                         row["tflite_runs"] = [figure(r["tflite"]) for r in runs]
                         row[f"{b}_runs"] = [figure(r["tvm"]) for r in runs]
-                    if ours.get("threads"):
-                        row[f"{b}_work"] = ours["threads"]["work_cycles"]
+                    for side, result in (("tflite", theirs), (b, ours)):
+                        if result.get("threads"):
+                            row[f"{side}_work"] = result["threads"]["work_cycles"]
                     row["armperf"] = ours.get("armperf", 1)
                     row["threads"] = a.threads
                     versions.add(row["armperf"])
