@@ -266,9 +266,12 @@ def table_threads(data: Data) -> str:
             f"armperf version {version}: est. cycles TFLite / tvm_armq on the critical path "
             "(the busiest thread's work), both on the same threads; above 1 is faster than "
             "TFLite. In brackets, where measured: tvm_armq's busiest thread's work over the "
-            "mean thread's (1.00: even); those pairs were measured twice and each side's "
-            "lower figure kept (XNNPACK's threads take work as the emulator happens to run "
-            "them).")
+            "mean thread's (1.00: even), and where TFLite's work per thread was kept too, "
+            "the ratio against TFLite's work spread evenly over its threads (its total over "
+            "N: what a perfect split would give it); those pairs were measured twice and "
+            "each side's lower figure kept (XNNPACK's threads take work as the emulator "
+            "happens to run them: with more threads than the host's two cores, its split "
+            "is the host's, so the even figure is the one to read).")
 
 
 def _threaded_cell(row: dict | None) -> str:
@@ -277,9 +280,11 @@ def _threaded_cell(row: dict | None) -> str:
     if row is None:
         return MISSING
     cell = ratio(row["tflite_over_tvm_armq"])
-    work = row.get("tvm_armq_work")
+    work, theirs = row.get("tvm_armq_work"), row.get("tflite_work")
     if work:
-        cell += f" ({max(work) / (sum(work) / len(work)):.2f})"
+        even = (f", {ratio(sum(theirs) / len(theirs) / row['tvm_armq'])}" if theirs
+                else "")
+        cell += f" ({max(work) / (sum(work) / len(work)):.2f}{even})"
     return cell
 
 

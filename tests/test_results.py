@@ -171,15 +171,20 @@ def test_renders_the_default_path_beside_one_thread(made_up):
 
 def test_renders_threaded_ratios_with_their_balance(made_up):
     """A threaded row shows its ratio; where bench_models kept tvm_armq's work per thread,
-    the busiest thread's over the mean beside it."""
+    the busiest thread's over the mean beside it, and where it kept TFLite's too, the
+    ratio against TFLite's work spread evenly over its threads."""
     results, _ = made_up
     assert "No figures on more than one thread" in rr.TABLES["threads"](rr.Data.load(results))
     even = bench_row("net_a", "neon", 6.0e5, 4.0e5, threads=2)
     uneven = {**bench_row("net_a", "dotprod", 3.0e5, 1.5e5, threads=2),
               "tvm_armq_work": [1.5e5, 1.2e5]}  # mean 1.35e5
-    rd.write(results / rd.THREADS, [even, uneven])
+    four = {**bench_row("net_a", "neon", 6.0e5, 2.0e5, threads=4),
+            "tvm_armq_work": [2.0e5] * 4, "tflite_work": [6.0e5, 3.0e5, 2.0e5, 1.0e5]}
+    rd.write(results / rd.THREADS, [even, uneven, four])
     text = rr.TABLES["threads"](rr.Data.load(results))
     assert f"| net_a | 2 | 1.500 | 2.000 (1.11) | {rr.MISSING} |" in text
+    # TFLite's work spread evenly: 1.2e6 / 4 = 3.0e5 against 2.0e5
+    assert f"| net_a | 4 | 3.000 (1.00, 1.500) | {rr.MISSING} | {rr.MISSING} |" in text
 
 
 def test_check_passes_after_rendering_and_fails_after_a_hand_edit(made_up, capsys):
