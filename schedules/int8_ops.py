@@ -372,6 +372,38 @@ def finish_func(tensors, schedule, scheduler):
 
 
 # ----------------------------------------------------------------------------- ADD, MUL
+def common_scale(v, zp: int, multiplier: int, shift: int, left_shift: int):
+    """One 8-bit input ``v`` of ADD's recipe on the common scale, ``M((v - zp) <<
+    left_shift)`` as int32 (``add_func``; ``layer_norm`` runs the recipe too). The input of
+    the larger scale has the factor 1/2 exactly (``HALF``): its rescaling is ``(v - zp) <<
+    (left_shift - 1)``, no rounding."""
+    from tvm_armq.intrinsics.qmuls import qmuls
+
+    if (multiplier, shift) == HALF:
+        return _shifted_centred(v, zp, left_shift - 1, by_multiply=True)
+    return qmuls(_shifted_centred(v, zp, left_shift), multiplier, Q31, shift)
+
+
+def add_output(a_, b_, p: AddParams, dtype: str):
+    """ADD's recipe's output (``p.op``: ADD, SUB or SQUARED_DIFFERENCE) from its two inputs
+    on the common scale (``common_scale``)."""
+    total = a_ + b_ if p.op == "ADD" else a_ - b_
+    if p.op == "SQUARED_DIFFERENCE":
+        total = total * total
+    # a fused ReLU drops the rounding fixup (qmuls.requantize)
+    return _requantized(total, p.out_multiplier, p.out_shift, p.out_zp, p.act_range, dtype)
+
+
+def mul_output(x16, y16, p: MulParams, dtype: str):
+    """MUL's output from its two inputs minus their zero points as int16 (``|v - zp| <=
+    255``): their product is one 16 x 16 -> 32-bit multiply (``widening_mul``: smull),
+    where int32 operands take a 32-bit one; ``|x * y| <= 255 * 255``."""
+    from tvm_armq.intrinsics.widen import widening_mul
+
+    return _requantized(widening_mul(x16, y16), p.multiplier, p.shift, p.out_zp, p.act_range,
+                        dtype)
+
+
 def _shifted_centred(v, zp: int, shift: int, *, by_multiply: bool = False):
     """``(v - zp) << shift`` as int32 for an 8-bit ``v``, exactly, in two widening steps:
     ``(v - zp) << WIDEN_SHIFT_16`` in int16 (it fits), then the rest of the shift on the
@@ -410,8 +442,6 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     requantizations per element is gone. Returns ``(func, rescaled values)`` then."""
     from tvm import te
 
-    from tvm_armq.intrinsics.qmuls import qmuls
-
     _check_broadcast(op, a_shape, b_shape, out_shape)
     p = add_params(a_q, b_q, out_q, act_range, dtype, op)
     rescaled_const = None
@@ -432,18 +462,12 @@ def add_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
         v = t[tuple(_broadcast_index(shape, out_shape, idx))]
         if t.dtype == "int32":  # the constant, rescaled at compile time
             return v
-        if (m, e) == HALF:  # the input of the larger scale: exactly half, no rounding
-            return _shifted_centred(v, zp, p.left_shift - 1, by_multiply=True)
-        return qmuls(_shifted_centred(v, zp, p.left_shift), m, Q31, e)
+        return common_scale(v, zp, m, e, p.left_shift)
 
     def element(*idx):
-        a_ = rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx)
-        b_ = rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx)
-        total = a_ + b_ if op == "ADD" else a_ - b_
-        if op == "SQUARED_DIFFERENCE":
-            total = total * total
-        # a fused ReLU drops the rounding fixup (qmuls.requantize)
-        return _requantized(total, p.out_multiplier, p.out_shift, p.out_zp, p.act_range, dtype)
+        return add_output(rescaled(a, a_shape, p.a_zp, p.a_multiplier, p.a_shift, idx),
+                          rescaled(b, b_shape, p.b_zp, p.b_multiplier, p.b_shift, idx),
+                          p, dtype)
 
     out = te.compute(tuple(out_shape), element, name=op.lower())
     func = finish_func((b, a, out) if b_first else (a, b, out), schedule, elementwise_schedule)
@@ -456,24 +480,20 @@ def mul_func(a_shape, b_shape, out_shape, a_q, b_q, out_q, act_range=None,
     arguments as ``add_func``."""
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.widen import widening_mul
-
     _check_broadcast("MUL", a_shape, b_shape, out_shape)
     p = mul_params(a_q, b_q, out_q, act_range, dtype)
     a = te.placeholder(tuple(a_shape), dtype, "a")
     b = te.placeholder(tuple(b_shape), dtype, "b")
 
     def centred(t, shape, zp, idx):
-        """t - zp as int16 (|t - zp| <= 255): the product of two is one 16 x 16 -> 32-bit
-        multiply (``widening_mul``: smull), where int32 operands take a 32-bit one."""
+        """t - zp as int16 (``mul_output``'s operands)."""
         v = t[tuple(_broadcast_index(shape, out_shape, idx))].astype("int16")
         return v - tirx.const(zp, "int16")
 
     def element(*idx):
-        x, y = centred(a, a_shape, p.a_zp, idx), centred(b, b_shape, p.b_zp, idx)
-        # |x * y| <= 255 * 255; a fused ReLU drops the rounding fixup (qmuls.requantize)
-        return _requantized(widening_mul(x, y), p.multiplier, p.shift, p.out_zp, p.act_range,
-                            dtype)
+        # a fused ReLU drops the rounding fixup (qmuls.requantize)
+        return mul_output(centred(a, a_shape, p.a_zp, idx), centred(b, b_shape, p.b_zp, idx),
+                          p, dtype)
 
     out = te.compute(tuple(out_shape), element, name="mul")
     return finish_func((a, b, out), schedule, elementwise_schedule)

@@ -124,8 +124,7 @@ def layer_norm_func(rows: int, p: LayerNormParams, *, schedule: bool = True):
     """The PrimFunc ``(x, gamma, [beta,] neg_table, rsqrt_table, out)`` over x [rows, C]."""
     from tvm import te, tirx
 
-    from tvm_armq.intrinsics.qmuls import qmuls, requantize_narrow
-    from tvm_armq.intrinsics.widen import widening_mul
+    from tvm_armq.intrinsics.qmuls import requantize_narrow
 
     c = p.channels
     x = te.placeholder((rows, c), "int8", "x")
@@ -137,24 +136,14 @@ def layer_norm_func(rows: int, p: LayerNormParams, *, schedule: bool = True):
     def narrow(total, m, e, zp, act=INT8):
         return requantize_narrow(total, m, e, zp, *act)
 
-    def rescale(v, zp, m, e, left_shift):  # ADD's input rescaling (int8_ops.add_func)
-        d = v.astype("int32") - zp
-        if (m, e) == ops.HALF:
-            return d << (left_shift - 1)
-        return qmuls(d << left_shift, m, ops.Q31, e)
+    def add(a, b, q: ops.AddParams):  # int8_ops.add_func's recipe
+        return ops.add_output(ops.common_scale(a, q.a_zp, q.a_multiplier, q.a_shift, q.left_shift),
+                              ops.common_scale(b, q.b_zp, q.b_multiplier, q.b_shift, q.left_shift),
+                              q, "int8")
 
-    def add(a, b, q: ops.AddParams):
-        a_ = rescale(a, q.a_zp, q.a_multiplier, q.a_shift, q.left_shift)
-        b_ = rescale(b, q.b_zp, q.b_multiplier, q.b_shift, q.left_shift)
-        total = a_ + b_ if q.op == "ADD" else a_ - b_
-        if q.op == "SQUARED_DIFFERENCE":
-            total = total * total
-        return narrow(total, q.out_multiplier, q.out_shift, q.out_zp, q.act_range)
-
-    def mul(a, b, q: ops.MulParams):
-        a_ = a.astype("int16") - tirx.const(q.a_zp, "int16")
-        b_ = b.astype("int16") - tirx.const(q.b_zp, "int16")
-        return narrow(widening_mul(a_, b_), q.multiplier, q.shift, q.out_zp, q.act_range)
+    def mul(a, b, q: ops.MulParams):  # int8_ops.mul_func's
+        return ops.mul_output(a.astype("int16") - tirx.const(q.a_zp, "int16"),
+                              b.astype("int16") - tirx.const(q.b_zp, "int16"), q, "int8")
 
     def row_mean(sums, q: ops.MeanParams):
         return narrow(sums - q.in_zp * c, q.multiplier, q.shift, q.out_zp)
